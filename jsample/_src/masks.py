@@ -1,0 +1,68 @@
+"""Token masks: boolean ``[..., V]`` rows or packed int32 ``[..., M]`` bitmasks.
+
+The packed layout is the one XGrammar, llguidance and outlines-core produce:
+bit ``j % 32`` of word ``j // 32`` is set when token ``j`` is allowed.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def words_for(vocab: int) -> int:
+  """``M``, the number of int32 words that hold one packed row of ``vocab`` bits."""
+  return -(-vocab // 32)
+
+
+def pack(allowed: jax.Array) -> jax.Array:
+  """Packs a boolean mask ``[..., V]`` into int32 words ``[..., M]``.
+
+  Examples:
+    >>> import jax.numpy as jnp, jsample
+    >>> jsample.pack_mask(jnp.array([True, False, True])).tolist()
+    [5]
+  """
+  allowed = jnp.asarray(allowed, dtype=bool)
+  vocab = allowed.shape[-1]
+  pad = words_for(vocab) * 32 - vocab
+  widths = [(0, 0)] * (allowed.ndim - 1) + [(0, pad)]
+  bits = jnp.pad(allowed, widths).reshape(*allowed.shape[:-1], -1, 32)
+  weights = jnp.uint32(1) << jnp.arange(32, dtype=jnp.uint32)
+  words = jnp.sum(jnp.where(bits, weights, jnp.uint32(0)), axis=-1, dtype=jnp.uint32)
+  return jax.lax.bitcast_convert_type(words, jnp.int32)
+
+
+def unpack(words: jax.Array, vocab: int) -> jax.Array:
+  """Unpacks int32 (or uint32) words ``[..., M]`` into a boolean mask ``[..., V]``.
+
+  Examples:
+    >>> import jax.numpy as jnp, jsample
+    >>> jsample.unpack_mask(jnp.array([5], jnp.int32), 3).tolist()
+    [True, False, True]
+  """
+  words = jax.lax.bitcast_convert_type(jnp.asarray(words), jnp.uint32)
+  shifts = jnp.arange(32, dtype=jnp.uint32)
+  bits = (words[..., None] >> shifts) & jnp.uint32(1)
+  return bits.reshape(*words.shape[:-1], -1)[..., :vocab] == 1
+
+
+def allowed_tokens(mask, vocab: int) -> jax.Array:
+  """Checks a mask's form against ``vocab`` and returns it as bool ``[..., V]``."""
+  dtype = np.dtype(mask.dtype)
+  width = mask.shape[-1] if mask.ndim else None
+  if dtype == np.bool_:
+    if width != vocab:
+      raise ValueError(
+        f"mask: a boolean mask must be [..., V] with V={vocab} (the logits' width); got shape {mask.shape}"
+      )
+    return jnp.asarray(mask)
+  if dtype in (np.int32, np.uint32):
+    if width != words_for(vocab):
+      raise ValueError(
+        f"mask: a packed mask must be [..., {words_for(vocab)}] int32 words for V={vocab} "
+        f"(ceil(V/32)); got shape {mask.shape}"
+      )
+    return unpack(mask, vocab)
+  raise ValueError(
+    f"mask: must be bool [..., V] or packed int32 [..., ceil(V/32)]; got dtype {dtype}"
+  )

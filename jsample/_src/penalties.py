@@ -1,0 +1,104 @@
+"""Repetition, frequency and presence penalties over the recent-token window."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jsample._src.stage import Candidates, Context, Setting, Stage
+
+
+def _finite(v):
+  return np.isfinite(v)
+
+
+def _settings(repeat, frequency, presence, last_n):
+  return (
+    Setting("repeat_penalty", repeat, jnp.float32, lambda v: np.isfinite(v) & (v > 0), "finite and > 0"),
+    Setting("frequency_penalty", frequency, jnp.float32, _finite, "finite"),
+    Setting("presence_penalty", presence, jnp.float32, _finite, "finite"),
+    Setting("penalty_last_n", last_n, jnp.int32, lambda v: v >= -1, ">= -1 (-1: the whole window)"),
+  )
+
+
+def _recent(s: dict, ctx: Context) -> jax.Array:
+  """``[W]`` bool: which window slots hold one of the last ``penalty_last_n`` tokens."""
+  (width,) = ctx.window.shape
+  last_n = s["penalty_last_n"]
+  last_n = jnp.where(last_n < 0, width, jnp.minimum(last_n, width))
+  age = jnp.mod(ctx.position - 1 - jnp.arange(width, dtype=jnp.int32), width)
+  return (age < jnp.minimum(last_n, ctx.position)) & (ctx.window >= 0)
+
+
+def _penalise(logits: jax.Array, count: jax.Array, s: dict) -> jax.Array:
+  """llama.cpp's arithmetic, for tokens seen ``count`` times in the window."""
+  repeat = s["repeat_penalty"]
+  scaled = jnp.where(logits <= 0, logits * repeat, logits / repeat)
+  seen = count > 0
+  shift = count.astype(jnp.float32) * s["frequency_penalty"] + seen.astype(jnp.float32) * s["presence_penalty"]
+  return jnp.where(seen, scaled - shift, logits)
+
+
+def _active(s: dict, ctx: Context) -> jax.Array:
+  neutral = (s["repeat_penalty"] == 1) & (s["frequency_penalty"] == 0) & (s["presence_penalty"] == 0)
+  return jnp.any(_recent(s, ctx)) & ~neutral
+
+
+def _lowers_only(s: dict) -> jax.Array:
+  return (s["repeat_penalty"] >= 1) & (s["frequency_penalty"] >= 0) & (s["presence_penalty"] >= 0)
+
+
+def penalties(
+  repeat: float = 1.0, frequency: float = 0.0, presence: float = 0.0, last_n: int = -1
+) -> Stage:
+  """Penalises tokens seen in the last ``last_n`` tokens of the window.
+
+  For a token seen ``c > 0`` times: ``logit / repeat`` if the logit is
+  positive, else ``logit * repeat``; then ``logit -= c * frequency + presence``
+  (llama.cpp's arithmetic). The window includes the prompt once
+  :meth:`Sampler.seed` has loaded it.
+
+  Weights that only lower logits (``repeat >= 1``, ``frequency >= 0``,
+  ``presence >= 0``) keep the candidate path exact: the ``K`` best penalised
+  tokens are among the ``K + W`` best raw ones. Rows with other weights take
+  the full-vocabulary path.
+
+  Args:
+    repeat: ``repeat_penalty``, > 0; 1 is neutral.
+    frequency: ``frequency_penalty``; 0 is neutral.
+    presence: ``presence_penalty``; 0 is neutral.
+    last_n: ``penalty_last_n``, how many recent tokens count; 0 turns the
+      stage off, -1 means the whole window.
+
+  Returns:
+    A :class:`Stage` that runs before the cut to ``K`` candidates.
+
+  Examples:
+    >>> import jax.numpy as jnp, jsample
+    >>> sampler = jsample.chain(jsample.penalties(repeat=2.0), jsample.temperature(0.0), window=4)
+    >>> state = sampler.init(seed=0, prompt=[2])
+    >>> token, state = sampler.pick(jnp.array([0.0, 1.0, 1.5]), state)
+    >>> int(token)  # token 2 is penalised to 0.75, so token 1 wins
+    1
+
+  References:
+    Keskar et al., 2019, "CTRL: A Conditional Transformer Language Model for
+    Controllable Generation" (repetition penalty).
+  """
+
+  def on_candidates(c: Candidates, s: dict, ctx: Context) -> Candidates:
+    recent = _recent(s, ctx)
+    count = jnp.sum((c.ids[:, None] == ctx.window[None, :]) & recent[None, :], axis=1)
+    active = _active(s, ctx)
+    return c._replace(
+      logits=_penalise(c.logits, count, s),
+      total=jnp.where(active, jnp.nan, c.total),
+      exact=c.exact & (~active | _lowers_only(s)),
+    )
+
+  def on_row(logits: jax.Array, s: dict, ctx: Context) -> jax.Array:
+    recent = _recent(s, ctx)
+    slots = jnp.where(recent & (ctx.window < ctx.vocab), ctx.window, ctx.vocab)
+    count = jnp.zeros(ctx.vocab, jnp.int32).at[slots].add(1, mode="drop")
+    return _penalise(logits, count, s)
+
+  return Stage("penalties", _settings(repeat, frequency, presence, last_n), on_candidates, on_row, before_cut=True)

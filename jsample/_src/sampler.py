@@ -1,0 +1,411 @@
+"""Samplers: a chain of stages, its state, and the pure functions on it."""
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jsample._src import masks, noise
+from jsample._src.stage import Candidates, Context, Setting, Stage, logsumexp, sort_candidates
+
+
+class SamplerState(NamedTuple):
+  """Everything a row carries from step to step: a pytree of arrays.
+
+  Shapes are for a batch of ``B`` rows; a single row drops the ``B`` axis.
+
+  Attributes:
+    key: ``[B]`` typed PRNG keys, one per row. The step key is
+      ``fold_in(key, position)``, so a row's draw never depends on its batch.
+    position: ``[B]`` int32, tokens accepted so far (prompt included).
+    window: ``[B, W]`` int32 ring buffer of recent tokens, ``-1`` when empty;
+      token number ``n`` sits at ``n % W``.
+    settings: name -> ``[B]`` array, one value per row for every setting.
+  """
+
+  key: jax.Array
+  position: jax.Array
+  window: jax.Array
+  settings: dict[str, jax.Array]
+
+
+class Draw(NamedTuple):
+  """What :meth:`Sampler.draw` returns besides the new state.
+
+  Attributes:
+    token: ``[B]`` int32, always in ``[0, V)``.
+    valid: ``[B]`` bool; False when no token survived (every logit masked,
+      ``-inf`` or NaN). ``token`` is then 0.
+    logprob: ``[B]`` float32 log-probability of ``token`` under the final
+      distribution the draw used (0 for greedy rows and invalid rows).
+  """
+
+  token: jax.Array
+  valid: jax.Array
+  logprob: jax.Array
+
+
+def _is_concrete(value) -> bool:
+  return not isinstance(value, jax.core.Tracer)
+
+
+def _check_setting(setting: Setting, value) -> None:
+  if not _is_concrete(value):
+    return
+  v = np.asarray(value)
+  if not (np.issubdtype(v.dtype, np.number) or v.dtype == np.bool_):
+    raise ValueError(f"{setting.name}: must be a number or an array of numbers; got {v.dtype}")
+  if np.issubdtype(v.dtype, np.floating) and not np.all(np.isfinite(v)):
+    raise ValueError(f"{setting.name}: must be finite; got {value!r}")
+  if setting.dtype == jnp.int32 and not np.all(np.mod(v, 1) == 0):
+    raise ValueError(f"{setting.name}: must be an integer; got {value!r}")
+  if not np.all(setting.valid(v)):
+    raise ValueError(f"{setting.name}: must be {setting.allowed}; got {value!r}")
+
+
+def _as_prompt(prompt) -> np.ndarray | jax.Array:
+  """A prompt as ``[L]`` or ``[B, L]`` int32, lists of lists padded with -1."""
+  if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], (list, tuple, np.ndarray)):
+    longest = max((len(p) for p in prompt), default=0)
+    padded = np.full((len(prompt), longest), -1, np.int64)
+    for row, tokens in enumerate(prompt):
+      padded[row, : len(tokens)] = tokens
+    prompt = padded
+  if isinstance(prompt, (list, tuple)):
+    prompt = np.asarray(prompt, np.int64).reshape(-1)
+  if not jnp.issubdtype(prompt.dtype, jnp.integer):
+    raise ValueError(f"prompt: token ids must be integers; got dtype {prompt.dtype}")
+  if prompt.ndim not in (1, 2):
+    raise ValueError(f"prompt: must be [L] or [B, L]; got shape {prompt.shape}")
+  return prompt
+
+
+def _load(window: jax.Array, position: jax.Array, prompt: jax.Array):
+  """Appends one row's prompt (``-1`` entries skipped) to its ring buffer."""
+  (width,) = window.shape
+  present = prompt >= 0
+  rank = jnp.cumsum(present.astype(jnp.int32)) - 1
+  count = jnp.sum(present.astype(jnp.int32))
+  if width:
+    # Only the last W tokens fit; they land on distinct slots.
+    fits = present & (rank >= count - width)
+    slot = jnp.where(fits, jnp.mod(position + rank, width), width)
+    window = window.at[slot].set(prompt, mode="drop")
+  return window, position + count
+
+
+def _accept(window: jax.Array, position: jax.Array, token: jax.Array):
+  (width,) = window.shape
+  if width:
+    window = window.at[jnp.mod(position, width)].set(token)
+  return window, position + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampler:
+  """A chain of stages and the pure functions that run it.
+
+  Build one with :func:`chain` or a recipe (:func:`llama_cpp`, :func:`gemma`,
+  :func:`hf`). Every method is a pure function of arrays and works under
+  ``jit``, ``vmap`` and inside ``lax.scan``/``lax.while_loop``.
+
+  Attributes:
+    stages: the stages, in the order they act.
+    window: ``W``, the ring buffer's capacity (static).
+    candidates: ``K``, the candidate budget of the fast path (static). It
+      changes speed only, never a token.
+    vocab_size: ``V`` if known; then prompts and logits are checked against it.
+  """
+
+  stages: tuple[Stage, ...]
+  window: int = 64
+  candidates: int = 256
+  vocab_size: int | None = None
+
+  def __post_init__(self):
+    if self.window < 0:
+      raise ValueError(f"window: must be >= 0; got {self.window}")
+    if self.candidates < 1:
+      raise ValueError(f"candidates: must be >= 1; got {self.candidates}")
+    if self.vocab_size is not None and self.vocab_size < 1:
+      raise ValueError(f"vocab_size: must be >= 1; got {self.vocab_size}")
+    names = [s.name for stage in self.stages for s in stage.settings]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+      raise ValueError(f"stages: each setting may belong to one stage only; repeated: {repeated}")
+
+  @property
+  def settings(self) -> dict[str, Setting]:
+    """Every setting of the chain, by name."""
+    return {s.name: s for stage in self.stages for s in stage.settings}
+
+  # -- state ------------------------------------------------------------------
+
+  def init(self, seed=None, prompt=None, *, key=None, batch: int | None = None, **settings) -> SamplerState:
+    """A fresh state: one row, or a batch when any argument has a batch axis.
+
+    Args:
+      seed: int or ``[B]`` ints; each row's stream. Defaults to 0.
+      prompt: optional ``[L]``, ``[B, L]`` (padded with ``-1``) or a list of
+        lists of token ids, loaded into the window as by :meth:`seed`.
+      key: typed PRNG keys ``[]`` or ``[B]``, instead of ``seed``.
+      batch: ``B``, when no other argument says it.
+      **settings: values for the chain's settings (``temperature=0.7``,
+        ``top_p=[0.9, 1.0]``), each a scalar or one value per row.
+
+    Returns:
+      A :class:`SamplerState`.
+
+    Examples:
+      >>> import jsample
+      >>> sampler = jsample.llama_cpp()
+      >>> state = sampler.init(seed=[1, 2], temperature=[0.0, 0.8])
+      >>> state.position.shape
+      (2,)
+    """
+    known = self.settings
+    unknown = sorted(set(settings) - set(known))
+    if unknown:
+      raise ValueError(f"{unknown[0]}: not a setting of this sampler; its settings are {sorted(known)}")
+    if seed is not None and key is not None:
+      raise ValueError("seed, key: give one of them, not both")
+    for name, value in settings.items():
+      _check_setting(known[name], value)
+      if name == "penalty_last_n" and _is_concrete(value) and np.any(np.asarray(value) > self.window):
+        raise ValueError(
+          f"penalty_last_n: must be <= window={self.window} (the ring buffer's capacity); got {value!r}. "
+          "Build the sampler with a larger window."
+        )
+    if prompt is not None:
+      prompt = _as_prompt(prompt)
+
+    shapes = {name: np.shape(v) for name, v in settings.items()}
+    if seed is not None:
+      shapes["seed"] = np.shape(seed)
+    if key is not None:
+      shapes["key"] = np.shape(key)
+    if prompt is not None and prompt.ndim == 2:
+      shapes["prompt"] = prompt.shape[:1]
+    for name, shape in shapes.items():
+      if len(shape) > 1:
+        raise ValueError(f"{name}: must be a scalar or one value per row [B]; got shape {shape}")
+    sizes = {name: shape[0] for name, shape in shapes.items() if shape}
+    if batch is not None:
+      sizes["batch"] = batch
+    if len(set(sizes.values())) > 1:
+      raise ValueError(f"batch sizes disagree: {sizes}")
+    rows = () if not sizes else (next(iter(sizes.values())),)
+
+    if key is None:
+      seeds = jnp.broadcast_to(jnp.asarray(0 if seed is None else seed, jnp.uint32), rows)
+      key = jax.vmap(jax.random.key)(seeds.reshape(-1)).reshape(rows)
+    else:
+      key = jnp.broadcast_to(key, rows)
+    values = {name: jnp.broadcast_to(jnp.asarray(settings.get(name, s.default), s.dtype), rows) for name, s in known.items()}
+    state = SamplerState(
+      key=key,
+      position=jnp.zeros(rows, jnp.int32),
+      window=jnp.full(rows + (self.window,), -1, jnp.int32),
+      settings=values,
+    )
+    return state if prompt is None else self.seed(state, prompt)
+
+  def configure(self, state: SamplerState, **settings) -> SamplerState:
+    """Returns ``state`` with new setting values; nothing recompiles.
+
+    Examples:
+      >>> import jsample
+      >>> sampler = jsample.llama_cpp()
+      >>> state = sampler.configure(sampler.init(seed=0), temperature=0.0)
+      >>> float(state.settings["temperature"])
+      0.0
+    """
+    fresh = self.init(key=state.key, **settings)
+    rows = state.position.shape
+    updated = {name: jnp.broadcast_to(fresh.settings[name], rows) for name in settings}
+    return state._replace(settings={**state.settings, **updated})
+
+  def seed(self, state: SamplerState, prompt) -> SamplerState:
+    """Loads prompt tokens into the window, as llama-server does before its first draw.
+
+    Args:
+      state: the rows' state.
+      prompt: ``[L]`` token ids for one row (or for every row of a batch),
+        ``[B, L]`` padded with ``-1``, or a list of lists.
+
+    Returns:
+      ``state`` with the last ``W`` prompt tokens in the window and
+      ``position`` advanced by the prompt's length.
+    """
+    prompt = _as_prompt(prompt)
+    if _is_concrete(prompt):
+      ids = np.asarray(prompt)
+      if np.any(ids < -1):
+        raise ValueError("prompt: token ids must be >= 0 (or -1 for padding)")
+      if self.vocab_size is not None and np.any(ids >= self.vocab_size):
+        raise ValueError(f"prompt: token ids must be in [0, {self.vocab_size}) (the vocabulary)")
+    batched = state.position.ndim == 1
+    if prompt.ndim == 2 and not batched:
+      raise ValueError(f"prompt: a [B, L] prompt needs a batched state; got shape {prompt.shape}")
+    prompt = jnp.asarray(prompt, jnp.int32)
+    if batched:
+      prompt = jnp.broadcast_to(prompt, state.position.shape + prompt.shape[-1:])
+      window, position = jax.vmap(_load)(state.window, state.position, prompt)
+    else:
+      window, position = _load(state.window, state.position, prompt)
+    return state._replace(window=window, position=position)
+
+  def accept(self, state: SamplerState, token: jax.Array) -> SamplerState:
+    """Appends tokens chosen by the caller (speculative decoding, forced tokens).
+
+    Args:
+      state: the rows' state.
+      token: ``[]`` or ``[B]`` int32, matching the state.
+
+    Returns:
+      ``state`` with ``token`` in the window and ``position + 1``.
+    """
+    token = jnp.asarray(token, jnp.int32)
+    if token.shape != state.position.shape:
+      raise ValueError(f"token: must have shape {state.position.shape} to match the state; got {token.shape}")
+    step = _accept
+    for _ in range(state.position.ndim):
+      step = jax.vmap(step)
+    window, position = step(state.window, state.position, token)
+    return state._replace(window=window, position=position)
+
+  # -- drawing ----------------------------------------------------------------
+
+  def pick(self, logits: jax.Array, state: SamplerState, mask=None) -> tuple[jax.Array, SamplerState]:
+    """Draws the next token of every row and accepts it into the window.
+
+    Args:
+      logits: ``[V]`` or ``[B, V]``, float32, bfloat16 or float16.
+      state: the rows' state, batched like ``logits``.
+      mask: optional allowed tokens, bool ``[..., V]`` or packed int32
+        ``[..., M]`` (bit ``j % 32`` of word ``j // 32``).
+
+    Returns:
+      ``(token, state)``: ``token`` is ``[]`` or ``[B]`` int32.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, jsample
+      >>> sampler = jsample.llama_cpp()
+      >>> state = sampler.init(seed=7, prompt=[2, 10, 11], temperature=0.8)
+      >>> token, state = jax.jit(sampler.pick)(jnp.zeros(32), state)
+      >>> int(state.position)
+      4
+    """
+    drawn, state = self.draw(logits, state, mask)
+    return drawn.token, state
+
+  def draw(self, logits: jax.Array, state: SamplerState, mask=None) -> tuple[Draw, SamplerState]:
+    """Like :meth:`pick`, returning a :class:`Draw` (token, valid, logprob)."""
+    logits = jnp.asarray(logits)
+    if not jnp.issubdtype(logits.dtype, jnp.floating):
+      raise ValueError(f"logits: must be float32, bfloat16 or float16; got {logits.dtype}")
+    if logits.ndim not in (1, 2):
+      raise ValueError(f"logits: must be [V] or [B, V]; got shape {logits.shape}")
+    vocab = logits.shape[-1]
+    if vocab < 1:
+      raise ValueError("logits: the vocabulary must hold at least one token")
+    if self.vocab_size is not None and vocab != self.vocab_size:
+      raise ValueError(f"logits: width {vocab} differs from the sampler's vocab_size={self.vocab_size}")
+    if state.position.shape != logits.shape[:-1]:
+      raise ValueError(
+        f"state: holds rows of shape {state.position.shape}, logits {logits.shape} need {logits.shape[:-1]}"
+      )
+    x = jnp.where(jnp.isnan(logits), -jnp.inf, logits.astype(jnp.float32))
+    x = jnp.where(x == 0, 0.0, x)  # -0.0 and 0.0 tie, as in the reference
+    if mask is not None:
+      mask = jnp.asarray(mask)
+      allowed = masks.allowed_tokens(mask, vocab)
+      if allowed.shape != x.shape:
+        raise ValueError(f"mask: rows of shape {mask.shape[:-1]} do not match the logits' {logits.shape[:-1]}")
+      x = jnp.where(allowed, x, -jnp.inf)
+
+    single = logits.ndim == 1
+    if single:
+      x = x[None]
+      state = jax.tree.map(lambda a: a[None], state)
+    words = jax.vmap(noise.step_words)(state.key, state.position)
+    rows = (x, state.settings, state.window, state.position, words)
+    fast, ok = jax.vmap(self._fast_row)(*rows)
+    # The full-vocabulary path runs once for the whole batch, outside vmap,
+    # and only when some row needs it.
+    full = lax.cond(jnp.all(ok), lambda: fast, lambda: jax.vmap(self._full_row)(*rows))
+    drawn = jax.tree.map(lambda a, b: jnp.where(ok, a, b), fast, full)
+    window, position = jax.vmap(_accept)(state.window, state.position, drawn.token)
+    state = state._replace(window=window, position=position)
+    if single:
+      drawn, state = jax.tree.map(lambda a: a[0], (drawn, state))
+    return drawn, state
+
+  def _fast_row(self, x, settings, window, position, words) -> tuple[Draw, jax.Array]:
+    """The K-candidate path for one row; also says whether it was exact."""
+    (vocab,) = x.shape
+    ctx = Context(window, position, vocab)
+    before = [s for s in self.stages if s.before_cut]
+    after = [s for s in self.stages if not s.before_cut]
+    # Stages before the cut change at most W tokens (the window's), so the K
+    # best afterwards are among the K + W best now.
+    wide = min(vocab, self.candidates + (self.window if before else 0))
+    logits, ids = lax.top_k(x, wide)
+    c = Candidates(ids, logits, logsumexp(x), complete=(wide == vocab) | (logits[-1] == -jnp.inf), exact=jnp.bool_(True))
+    for stage in before:
+      c = stage.on_candidates(c, settings, ctx)
+    if before:
+      ids, logits = sort_candidates(c.ids, c.logits)
+      kept = min(self.candidates, wide)
+      c = c._replace(ids=ids[:kept], logits=logits[:kept], complete=(kept == vocab) | (logits[kept - 1] == -jnp.inf))
+    for stage in after:
+      c = stage.on_candidates(c, settings, ctx)
+    return _finish(c.logits, c.ids, words), c.exact & c.complete
+
+  def _full_row(self, x, settings, window, position, words) -> Draw:
+    """The full-vocabulary path for one row: every stage on ``[V]``, no sort."""
+    (vocab,) = x.shape
+    ctx = Context(window, position, vocab)
+    for stage in self.stages:
+      x = stage.on_row(x, settings, ctx)
+    return _finish(x, jnp.arange(vocab, dtype=jnp.int32), words)
+
+
+def _finish(logits: jax.Array, ids: jax.Array, words: jax.Array) -> Draw:
+  token, valid = noise.race(logits, ids, words)
+  chosen = jnp.max(jnp.where(ids == token, logits, -jnp.inf))
+  return Draw(token, valid, jnp.where(valid, noise.log_prob(logits, chosen), 0.0))
+
+
+def chain(*stages: Stage, window: int = 64, candidates: int = 256, vocab_size: int | None = None) -> Sampler:
+  """Composes stages, in the order given, into a :class:`Sampler`.
+
+  The sampler draws from whatever survives the last stage: with temperature
+  ``t``, from ``softmax(logits / t)`` over the survivors.
+
+  Args:
+    *stages: :class:`Stage` s such as :func:`top_k` or :func:`temperature`.
+    window: ``W``, the capacity of the recent-token ring buffer.
+    candidates: ``K``, how many candidates the fast path keeps after its cut.
+    vocab_size: optional ``V``, to check prompts and logits against.
+
+  Returns:
+    A :class:`Sampler`.
+
+  Examples:
+    >>> import jax.numpy as jnp, jsample
+    >>> sampler = jsample.chain(jsample.top_k(2), jsample.temperature(1.0))
+    >>> token, state = sampler.pick(jnp.array([0.0, 5.0, 4.0, -1.0]), sampler.init(seed=0))
+    >>> int(token) in (1, 2)
+    True
+  """
+  for stage in stages:
+    if not isinstance(stage, Stage):
+      raise ValueError(f"stages: expected Stage objects (jsample.top_k(...), ...); got {stage!r}")
+  return Sampler(tuple(stages), window=window, candidates=candidates, vocab_size=vocab_size)
+
+

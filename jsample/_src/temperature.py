@@ -1,0 +1,59 @@
+"""Temperature, and greedy decoding at temperature zero."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jsample._src.stage import Candidates, Context, Setting, Stage
+
+
+def _scale(logits: jax.Array, best: jax.Array, t: jax.Array) -> jax.Array:
+  # Shifting by the best logit first keeps (logit - best) / t finite for tiny t.
+  shifted = jnp.where(best > -jnp.inf, logits - best, logits)
+  return shifted / jnp.where(t > 0, t, 1.0)
+
+
+def temperature(t: float = 0.8) -> Stage:
+  """Divides the surviving logits by ``t``; ``t <= 0`` is greedy.
+
+  Greedy keeps only the best survivor, ties to the lower id: with the
+  llama.cpp order, that is the highest logit after mask and penalties.
+  The logits are shifted by their maximum first, which changes no probability
+  and keeps tiny temperatures finite.
+
+  Args:
+    t: ``temperature``, any finite number; ``<= 0`` means greedy.
+
+  Returns:
+    A :class:`Stage`.
+
+  Examples:
+    >>> import jax.numpy as jnp, jsample
+    >>> sampler = jsample.chain(jsample.temperature(0.0))
+    >>> token, _ = sampler.pick(jnp.array([1.0, 3.0, 3.0, 2.0]), sampler.init(seed=0))
+    >>> int(token)
+    1
+  """
+  setting = Setting("temperature", t, jnp.float32, np.isfinite, "finite (<= 0: greedy)")
+
+  def on_candidates(c: Candidates, s: dict, ctx: Context) -> Candidates:
+    t = s["temperature"]
+    best = jnp.max(c.logits)
+    alive = c.logits > -jnp.inf
+    first = jnp.argmax(alive)  # sampling order: the first survivor is the best
+    greedy = jnp.where(jnp.arange(c.ids.shape[0]) == first, c.logits, -jnp.inf)
+    return c._replace(
+      logits=jnp.where(t > 0, _scale(c.logits, best, t), _scale(greedy, best, t)),
+      # Only t == 1 keeps the row's total known (shifted); greedy completes.
+      total=jnp.where(t == 1, c.total - jnp.where(best > -jnp.inf, best, 0.0), jnp.nan),
+      complete=c.complete | (t <= 0),
+    )
+
+  def on_row(logits: jax.Array, s: dict, ctx: Context) -> jax.Array:
+    t = s["temperature"]
+    best = jnp.max(logits)
+    first = jnp.argmax(logits)  # ties to the lower id
+    greedy = jnp.where(jnp.arange(ctx.vocab) == first, logits, -jnp.inf)
+    return jnp.where(t > 0, _scale(logits, best, t), _scale(greedy, best, t))
+
+  return Stage("temperature", (setting,), on_candidates, on_row)
