@@ -63,6 +63,4 @@ def allowed_tokens(mask, vocab: int) -> jax.Array:
         f"(ceil(V/32)); got shape {mask.shape}"
       )
     return unpack(mask, vocab)
-  raise ValueError(
-    f"mask: must be bool [..., V] or packed int32 [..., ceil(V/32)]; got dtype {dtype}"
-  )
+  raise ValueError(f"mask: must be bool [..., V] or packed int32 [..., ceil(V/32)]; got dtype {dtype}")

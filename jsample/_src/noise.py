@@ -10,7 +10,6 @@ compute the same score for the same token and pick the same winner.
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 # Multipliers of the "lowbias32" integer hash found by Chris Wellons' hash
 # prospector: a full-avalanche 32-bit mix in five cheap operations.
@@ -93,11 +92,3 @@ def race(logits: jax.Array, ids: jax.Array, words: jax.Array):
   token = jnp.min(jnp.where(alive & (score == best), ids, id_sentinel))
   valid = jnp.any(alive)
   return jnp.where(valid, token, 0), valid
-
-
-def log_prob(logits: jax.Array, token_logit: jax.Array) -> jax.Array:
-  """``log softmax(logits)`` at one value; ``-inf`` entries are removed tokens."""
-  top = jnp.max(logits)
-  safe_top = jnp.where(top > -jnp.inf, top, 0.0)
-  lse = safe_top + jnp.log(jnp.sum(jnp.exp(logits - safe_top)))
-  return lax.select(top > -jnp.inf, token_logit - lse, jnp.float32(0.0))

@@ -47,9 +47,7 @@ def _lowers_only(s: dict) -> jax.Array:
   return (s["repeat_penalty"] >= 1) & (s["frequency_penalty"] >= 0) & (s["presence_penalty"] >= 0)
 
 
-def penalties(
-  repeat: float = 1.0, frequency: float = 0.0, presence: float = 0.0, last_n: int = -1
-) -> Stage:
+def penalties(repeat: float = 1.0, frequency: float = 0.0, presence: float = 0.0, last_n: int = -1) -> Stage:
   """Penalises tokens seen in the last ``last_n`` tokens of the window.
 
   For a token seen ``c > 0`` times: ``logit / repeat`` if the logit is

@@ -1,8 +1,7 @@
 """Samplers: a chain of stages, its state, and the pure functions on it."""
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -205,7 +204,9 @@ class Sampler:
       key = jax.vmap(jax.random.key)(seeds.reshape(-1)).reshape(rows)
     else:
       key = jnp.broadcast_to(key, rows)
-    values = {name: jnp.broadcast_to(jnp.asarray(settings.get(name, s.default), s.dtype), rows) for name, s in known.items()}
+    values = {
+      name: jnp.broadcast_to(jnp.asarray(settings.get(name, s.default), s.dtype), rows) for name, s in known.items()
+    }
     state = SamplerState(
       key=key,
       position=jnp.zeros(rows, jnp.int32),
@@ -304,7 +305,54 @@ class Sampler:
     return drawn.token, state
 
   def draw(self, logits: jax.Array, state: SamplerState, mask=None) -> tuple[Draw, SamplerState]:
-    """Like :meth:`pick`, returning a :class:`Draw` (token, valid, logprob)."""
+    """Like :meth:`pick`, returning a :class:`Draw` (token, valid, logprob).
+
+    Examples:
+      >>> import jax.numpy as jnp, jsample
+      >>> sampler = jsample.llama_cpp()
+      >>> drawn, state = sampler.draw(jnp.full(8, -jnp.inf), sampler.init(seed=0))
+      >>> bool(drawn.valid), int(drawn.token)  # nothing survives: flagged, in range
+      (False, 0)
+    """
+    x, state, single = self._prepare(logits, state, mask)
+    words = jax.vmap(noise.step_words)(state.key, state.position)
+    cands, ok, full = self._paths(x, state)
+    fast = jax.vmap(_finish)(cands.logits, cands.ids, words)
+    ids = jnp.arange(x.shape[-1], dtype=jnp.int32)
+    slow = lambda: jax.vmap(_finish, in_axes=(0, None, 0))(full(), ids, words)  # noqa: E731
+    drawn = _merge(ok, fast, slow)
+    window, position = jax.vmap(_accept)(state.window, state.position, drawn.token)
+    state = state._replace(window=window, position=position)
+    if single:
+      drawn, state = jax.tree.map(lambda a: a[0], (drawn, state))
+    return drawn, state
+
+  def probs(self, logits: jax.Array, state: SamplerState, mask=None) -> jax.Array:
+    """The distribution :meth:`pick` draws from, as probabilities ``[..., V]``.
+
+    Zero outside the survivors of the chain; one-hot for greedy rows; all
+    zero for a row where nothing survives.
+
+    Examples:
+      >>> import jax.numpy as jnp, jsample
+      >>> sampler = jsample.chain(jsample.top_k(2), jsample.temperature(1.0))
+      >>> p = sampler.probs(jnp.log(jnp.array([0.1, 0.6, 0.3])), sampler.init(seed=0))
+      >>> [round(float(v), 3) for v in p]
+      [0.0, 0.667, 0.333]
+    """
+    x, state, single = self._prepare(logits, state, mask)
+    cands, ok, full = self._paths(x, state)
+    vocab = x.shape[-1]
+
+    def spread(logits, ids):
+      return jnp.zeros(vocab, jnp.float32).at[ids].set(_softmax(logits))
+
+    fast = jax.vmap(spread)(cands.logits, cands.ids)
+    out = _merge(ok, fast, lambda: jax.vmap(_softmax)(full()))
+    return out[0] if single else out
+
+  def _prepare(self, logits, state: SamplerState, mask):
+    """Checks the inputs; returns float32 rows ``[B, V]`` (NaN and masked: -inf)."""
     logits = jnp.asarray(logits)
     if not jnp.issubdtype(logits.dtype, jnp.floating):
       raise ValueError(f"logits: must be float32, bfloat16 or float16; got {logits.dtype}")
@@ -327,26 +375,21 @@ class Sampler:
       if allowed.shape != x.shape:
         raise ValueError(f"mask: rows of shape {mask.shape[:-1]} do not match the logits' {logits.shape[:-1]}")
       x = jnp.where(allowed, x, -jnp.inf)
-
     single = logits.ndim == 1
     if single:
       x = x[None]
       state = jax.tree.map(lambda a: a[None], state)
-    words = jax.vmap(noise.step_words)(state.key, state.position)
-    rows = (x, state.settings, state.window, state.position, words)
-    fast, ok = jax.vmap(self._fast_row)(*rows)
-    # The full-vocabulary path runs once for the whole batch, outside vmap,
-    # and only when some row needs it.
-    full = lax.cond(jnp.all(ok), lambda: fast, lambda: jax.vmap(self._full_row)(*rows))
-    drawn = jax.tree.map(lambda a, b: jnp.where(ok, a, b), fast, full)
-    window, position = jax.vmap(_accept)(state.window, state.position, drawn.token)
-    state = state._replace(window=window, position=position)
-    if single:
-      drawn, state = jax.tree.map(lambda a: a[0], (drawn, state))
-    return drawn, state
+    return x, state, single
 
-  def _fast_row(self, x, settings, window, position, words) -> tuple[Draw, jax.Array]:
-    """The K-candidate path for one row; also says whether it was exact."""
+  def _paths(self, x: jax.Array, state: SamplerState):
+    """Runs the chain on candidates; returns them, which rows they are exact
+    for, and a thunk for the full-vocabulary path."""
+    rows = (x, state.settings, state.window, state.position)
+    cands = jax.vmap(self._fast_row)(*rows)
+    return cands, cands.exact & cands.complete, lambda: jax.vmap(self._full_row)(*rows)
+
+  def _fast_row(self, x, settings, window, position) -> Candidates:
+    """The K-candidate path for one row."""
     (vocab,) = x.shape
     ctx = Context(window, position, vocab)
     before = [s for s in self.stages if s.before_cut]
@@ -355,7 +398,7 @@ class Sampler:
     # best afterwards are among the K + W best now.
     wide = min(vocab, self.candidates + (self.window if before else 0))
     logits, ids = lax.top_k(x, wide)
-    c = Candidates(ids, logits, logsumexp(x), complete=(wide == vocab) | (logits[-1] == -jnp.inf), exact=jnp.bool_(True))
+    c = Candidates(ids, logits, logsumexp(x), (wide == vocab) | (logits[-1] == -jnp.inf), jnp.bool_(True))
     for stage in before:
       c = stage.on_candidates(c, settings, ctx)
     if before:
@@ -364,21 +407,32 @@ class Sampler:
       c = c._replace(ids=ids[:kept], logits=logits[:kept], complete=(kept == vocab) | (logits[kept - 1] == -jnp.inf))
     for stage in after:
       c = stage.on_candidates(c, settings, ctx)
-    return _finish(c.logits, c.ids, words), c.exact & c.complete
+    return c
 
-  def _full_row(self, x, settings, window, position, words) -> Draw:
+  def _full_row(self, x, settings, window, position) -> jax.Array:
     """The full-vocabulary path for one row: every stage on ``[V]``, no sort."""
     (vocab,) = x.shape
     ctx = Context(window, position, vocab)
     for stage in self.stages:
       x = stage.on_row(x, settings, ctx)
-    return _finish(x, jnp.arange(vocab, dtype=jnp.int32), words)
+    return x
+
+
+def _merge(ok: jax.Array, fast, slow):
+  """Per row, ``fast`` where ``ok``; ``slow()`` runs once, only if some row needs it."""
+  full = lax.cond(jnp.all(ok), lambda: fast, slow)
+  return jax.tree.map(lambda a, b: jnp.where(ok.reshape(ok.shape + (1,) * (a.ndim - 1)), a, b), fast, full)
+
+
+def _softmax(logits: jax.Array) -> jax.Array:
+  """Probabilities of the survivors; all zero when nothing survives."""
+  return jnp.where(logits > -jnp.inf, jnp.exp(logits - logsumexp(logits)), 0.0)
 
 
 def _finish(logits: jax.Array, ids: jax.Array, words: jax.Array) -> Draw:
   token, valid = noise.race(logits, ids, words)
   chosen = jnp.max(jnp.where(ids == token, logits, -jnp.inf))
-  return Draw(token, valid, jnp.where(valid, noise.log_prob(logits, chosen), 0.0))
+  return Draw(token, valid, jnp.where(valid, chosen - logsumexp(logits), 0.0))
 
 
 def chain(*stages: Stage, window: int = 64, candidates: int = 256, vocab_size: int | None = None) -> Sampler:
@@ -407,5 +461,3 @@ def chain(*stages: Stage, window: int = 64, candidates: int = 256, vocab_size: i
     if not isinstance(stage, Stage):
       raise ValueError(f"stages: expected Stage objects (jsample.top_k(...), ...); got {stage!r}")
   return Sampler(tuple(stages), window=window, candidates=candidates, vocab_size=vocab_size)
-
-
