@@ -43,10 +43,6 @@ def step_words(key: jax.Array, position: jax.Array) -> jax.Array:
 def uniform(words: jax.Array, ids: jax.Array) -> jax.Array:
   """A uniform in ``[0, 1)`` per token id, with 2^-56 resolution near zero.
 
-  A single float32 uniform has 2^-24 resolution, which would make a survivor
-  of probability 1e-9 unreachable. Two hashed words give 56 bits: the high 24
-  bits land exactly on the float32 grid, the low 32 refine values below 2^-24.
-
   Args:
     words: ``[2]`` uint32 from :func:`step_words`.
     ids: token ids ``[N]`` int32.
@@ -57,9 +53,21 @@ def uniform(words: jax.Array, ids: jax.Array) -> jax.Array:
   c = ids.astype(jnp.uint32)
   hi = _mix(_mix(c ^ words[0]) + words[1])
   lo = _mix(_mix(c + jnp.uint32(_GOLDEN)) ^ hi ^ words[1])
+  return unit_interval(hi, lo)
+
+
+def unit_interval(hi: jax.Array, lo: jax.Array) -> jax.Array:
+  """Maps 56 random bits (``hi`` and the top 24 of ``lo``) to float32 in ``[0, 1)``.
+
+  A single float32 uniform has 2^-24 resolution, which would make a survivor
+  of probability 1e-9 unreachable. Here the high 24 bits land exactly on the
+  float32 grid, and the next 32 refine every value to float32's relative
+  precision, down to 2^-56. Rounding may carry the sum up to 1 at the very
+  top (a 2^-25 chance); the clamp keeps it below.
+  """
   coarse = (hi >> 8).astype(jnp.float32) * jnp.float32(2.0**-24)
   fine = (((hi & 0xFF) << 24) | (lo >> 8)).astype(jnp.float32) * jnp.float32(2.0**-56)
-  return coarse + fine
+  return jnp.minimum(coarse + fine, jnp.float32(1 - 2.0**-24))
 
 
 def gumbel(words: jax.Array, ids: jax.Array) -> jax.Array:
