@@ -111,11 +111,11 @@ def many_draws(sampler: jsample.Sampler, logits: jax.Array, state: jsample.Sampl
   """
   (vocab,) = logits.shape
 
-  def one(key):
-    return sampler.draw(logits, state._replace(key=key))[0].token
+  def draws(logits, state, keys):
+    one = lambda key: sampler.draw(logits, state._replace(key=key))[0].token  # noqa: E731
+    return jax.lax.map(one, keys, batch_size=max(1, 2**24 // vocab))
 
-  keys = sampler.init(seed=seeds).key
-  return np.asarray(jax.jit(lambda k: jax.lax.map(one, k, batch_size=max(1, 2**24 // vocab)))(keys))
+  return np.asarray(jax.jit(draws)(logits, state, sampler.init(seed=seeds).key))
 
 
 def main(argv=None) -> int:
