@@ -133,7 +133,7 @@ def min_p(p: float = 0.05) -> Stage:
   setting = Setting("min_p", p, jnp.float32, lambda v: (v >= 0) & (v <= 1), "in [0, 1]")
 
   def threshold(logits: jax.Array, s: dict) -> jax.Array:
-    p = s["min_p"]
+    p = jnp.minimum(s["min_p"], 1.0)  # above 1 not even the best would survive
     return jnp.where(p > 0, jnp.max(logits) + jnp.log(jnp.maximum(p, 1e-38)), -jnp.inf)
 
   def on_candidates(c: Candidates, s: dict, ctx: Context) -> Candidates:
@@ -141,9 +141,12 @@ def min_p(p: float = 0.05) -> Stage:
     last = c.logits[-1]
     # Tokens outside the candidates rank below the last one, so if it falls
     # under the threshold (and is still a survivor), so do they.
-    settled = (last > -jnp.inf) & (last < floor)
-    cut = c.keep(c.logits >= floor)
-    return cut._replace(complete=c.complete | settled)
+    settled = c.complete | ((last > -jnp.inf) & (last < floor))
+    removed = jnp.any((c.logits > -jnp.inf) & (c.logits < floor))
+    return c.keep(c.logits >= floor)._replace(
+      complete=settled,
+      total=jnp.where(removed & ~settled, jnp.nan, c.total),
+    )
 
   def on_row(logits: jax.Array, s: dict, ctx: Context) -> jax.Array:
     return jnp.where(logits >= threshold(logits, s), logits, -jnp.inf)
