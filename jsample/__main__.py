@@ -33,7 +33,9 @@ on every run, and --seed changes only the draw.
 One line per stage, in chain order (the first line is the raw row): the survivors (finite
 logits), the entropy in nats of the softmax over them, the probability of the best survivor
 and its id. Then one jitted draw: its token, logprob and valid flag, and its time against the
-read floor (jnp.max over the same row)."""
+read floor (jnp.max over the same row). With --draws N, N more draws (seeds seed..seed+N-1,
+one batched jitted call) and the ten most frequent tokens: count, frequency, and probability
+under the on_row chain."""
 
 
 def token_ids(text: str) -> list[int]:
@@ -48,7 +50,7 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--recipe", choices=sorted(RECIPES), default="gemma", help="the chain and its defaults (gemma)")
   p.add_argument("--vocab", type=int, default=262144, help="V, the row's width (262144, Gemma's vocabulary)")
   p.add_argument("--zipf", type=float, default=1.1, help="s, the Zipf exponent of the row (1.1)")
-  p.add_argument("--seed", type=int, default=0, help="the sampler's seed (0)")
+  p.add_argument("--seed", type=int, default=0, help="the sampler's seed, in [0, 2**32) (0)")
   recipe_default = " (default: the recipe's)"
   for flag, kind, text in [
     ("--temperature", float, "<= 0 is greedy"),
@@ -112,7 +114,9 @@ def many_draws(sampler: jsample.Sampler, logits: jax.Array, state: jsample.Sampl
   (vocab,) = logits.shape
 
   def draws(logits, state, keys):
-    one = lambda key: sampler.draw(logits, state._replace(key=key))[0].token  # noqa: E731
+    def one(key):
+      return sampler.draw(logits, state._replace(key=key))[0].token
+
     return jax.lax.map(one, keys, batch_size=max(1, 2**24 // vocab))
 
   return np.asarray(jax.jit(draws)(logits, state, sampler.init(seed=seeds).key))
@@ -123,6 +127,8 @@ def main(argv=None) -> int:
   args = cli.parse_args(argv)
   if args.vocab < 1 or args.draws < 0:
     cli.error("--vocab must be >= 1 and --draws >= 0")
+  if not 0 <= args.seed <= args.seed + max(args.draws - 1, 0) < 2**32:
+    cli.error("--seed: seeds seed..seed+draws-1 must lie in [0, 2**32)")
   names = ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty"]
   settings = {n: getattr(args, n) for n in names + ["penalty_last_n"] if getattr(args, n) is not None}
   sampler = RECIPES[args.recipe](vocab_size=args.vocab)
@@ -148,8 +154,8 @@ def main(argv=None) -> int:
   drawn, _ = draw(logits, state)
   token = int(drawn.token)
   chain_logprob = float(final[token] - jax.nn.logsumexp(final))
-  print(f"\ndraw: token {token}, logprob {float(drawn.logprob):.4f} (on_row chain: {chain_logprob:.4f}), ", end="")
-  print(f"valid {bool(drawn.valid)}")
+  logprob = f"logprob {float(drawn.logprob):.4f} (on_row chain: {chain_logprob:.4f})"
+  print(f"\ndraw: token {token}, {logprob}, valid {bool(drawn.valid)}")
   t_draw, t_floor = seconds(draw, logits, state), seconds(jax.jit(jnp.max), logits)
   print(f"time: draw {t_draw * 1e6:.1f} us, read floor (jnp.max) {t_floor * 1e6:.1f} us, {t_draw / t_floor:.1f}x")
 

@@ -95,32 +95,17 @@ def test_configure_rejects_batch_that_differs_from_state():
     s.configure(s.init(seed=[0, 1, 2]), top_p=[0.9, 0.8])
 
 
-@pytest.mark.xfail(
-  strict=True,
-  reason="configure on an unbatched state with a per-row list raises jnp.broadcast_to's "
-  "'Cannot broadcast to shape with fewer dimensions' without naming the setting",
-)
 def test_configure_rejects_rows_on_unbatched_state():
   s = sampler()
   with pytest.raises(ValueError, match="top_p"):
     s.configure(s.init(seed=0), top_p=[0.9, 0.8])
 
 
-@pytest.mark.xfail(
-  strict=True,
-  reason="init(key=jax.random.PRNGKey(0)) takes the raw uint32[2] key for a batch of 2 rows "
-  "with uint32 'keys'; the error only comes at pick time and names neither key nor its dtype",
-)
 def test_init_rejects_raw_uint32_key():
   with pytest.raises(ValueError, match="key"):
     sampler().init(key=jax.random.PRNGKey(0))
 
 
-@pytest.mark.xfail(
-  strict=True,
-  reason="defaults given to stage factories and recipes are never validated: "
-  "llama_cpp(temperature=nan) runs greedy, top_p=0 keeps one token, penalty_last_n=100 > window is clamped",
-)
 @pytest.mark.parametrize(
   "build, name",
   [
@@ -192,18 +177,12 @@ def test_ids_up_to_vocab_size_are_fine():
   assert int(state.position) == 2
 
 
-@pytest.mark.xfail(strict=True, reason="float prompts given as Python lists are truncated to ints silently")
 @pytest.mark.parametrize("prompt", [[1.5, 2.7], [[1.5], [2.0, 3.2]]], ids=["list", "list of lists"])
 def test_float_list_prompt_is_rejected(prompt):
   with pytest.raises(ValueError, match="prompt"):
     sampler().init(seed=0, prompt=prompt)
 
 
-@pytest.mark.xfail(
-  strict=True,
-  reason="a 3-D prompt given as nested lists raises NumPy's 'setting an array element with a sequence' "
-  "without naming prompt",
-)
 def test_nested_3d_list_prompt_is_rejected():
   with pytest.raises(ValueError, match="prompt"):
     sampler().init(seed=0, prompt=[[[1, 2]], [[3, 4]]])
@@ -278,11 +257,6 @@ def test_accept_rejects_token_of_wrong_shape(rows, token, jit):
     accept(state, jnp.zeros(token, jnp.int32))
 
 
-@pytest.mark.xfail(
-  strict=True,
-  reason="accept silently truncates float tokens and stores ids < -1 or >= vocab_size in the window "
-  "(seed() rejects the same ids in a prompt)",
-)
 @pytest.mark.parametrize("token", [2.7, -5, V], ids=["float", "below -1", ">= V"])
 def test_accept_rejects_bad_token(token):
   s = sampler(vocab_size=V)
@@ -438,11 +412,6 @@ def test_empty_row_does_not_disturb_others(settings, empty):
     np.testing.assert_allclose(together.logprob[i], alone.logprob, rtol=1e-6)
 
 
-@pytest.mark.xfail(
-  strict=True,
-  reason="a +inf logit makes the row look empty: inf - inf = NaN in the shift/softmax, so draw returns "
-  "valid=False, token 0 (a finite token that is not the best) and probs all zero, even greedy",
-)
 @pytest.mark.parametrize("settings", [dict(temperature=0.0), dict(), OPEN], ids=str)
 def test_positive_infinity_is_the_certain_token(settings):
   x = np.zeros(V, np.float32)
@@ -451,3 +420,19 @@ def test_positive_infinity_is_the_certain_token(settings):
   drawn, _ = DRAW(jnp.asarray(x), state, _all_allowed(V))
   assert bool(drawn.valid)
   assert int(drawn.token) == 7
+
+
+def test_chain_rejects_penalties_after_other_stages():
+  with pytest.raises(ValueError, match="stages"):
+    jsample.chain(jsample.temperature(0.25), jsample.penalties(frequency=1.0))
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, 1.5, [0, -3]], ids=str)
+def test_init_rejects_bad_seed(seed):
+  with pytest.raises(ValueError, match="seed"):
+    sampler().init(seed=seed)
+
+
+def test_init_rejects_boolean_settings():
+  with pytest.raises(ValueError, match="top_k"):
+    sampler().init(top_k=True)

@@ -56,7 +56,7 @@ def _check_setting(setting: Setting, value) -> None:
   if not _is_concrete(value):
     return
   v = np.asarray(value)
-  if not (np.issubdtype(v.dtype, np.number) or v.dtype == np.bool_):
+  if not np.issubdtype(v.dtype, np.number):
     raise ValueError(f"{setting.name}: must be a number or an array of numbers; got {v.dtype}")
   if np.issubdtype(v.dtype, np.floating) and not np.all(np.isfinite(v)):
     raise ValueError(f"{setting.name}: must be finite; got {value!r}")
@@ -67,20 +67,38 @@ def _check_setting(setting: Setting, value) -> None:
 
 
 def _as_prompt(prompt) -> np.ndarray | jax.Array:
-  """A prompt as ``[L]`` or ``[B, L]`` int32, lists of lists padded with -1."""
-  if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], (list, tuple, np.ndarray)):
-    longest = max((len(p) for p in prompt), default=0)
-    padded = np.full((len(prompt), longest), -1, np.int64)
-    for row, tokens in enumerate(prompt):
-      padded[row, : len(tokens)] = tokens
-    prompt = padded
+  """A prompt as ``[L]`` or ``[B, L]`` integers, lists of lists padded with -1."""
   if isinstance(prompt, (list, tuple)):
-    prompt = np.asarray(prompt, np.int64).reshape(-1)
-  if not jnp.issubdtype(prompt.dtype, jnp.integer):
+    nested = bool(prompt) and all(np.ndim(p) == 1 for p in prompt)
+    try:
+      rows = [np.asarray(p) for p in prompt] if nested else [np.asarray(prompt)]
+    except ValueError as error:
+      raise ValueError(f"prompt: must be [L], [B, L] or a list of lists of token ids; {error}") from None
+    for row in rows:
+      if row.size and not np.issubdtype(row.dtype, np.integer):
+        raise ValueError(f"prompt: token ids must be integers; got dtype {row.dtype}")
+    if not nested:
+      prompt = rows[0].astype(np.int64) if rows[0].size else np.zeros((0,), np.int64)
+    else:
+      prompt = np.full((len(rows), max(r.size for r in rows)), -1, np.int64)
+      for i, row in enumerate(rows):
+        prompt[i, : row.size] = row
+  elif not jnp.issubdtype(prompt.dtype, jnp.integer):
     raise ValueError(f"prompt: token ids must be integers; got dtype {prompt.dtype}")
   if prompt.ndim not in (1, 2):
     raise ValueError(f"prompt: must be [L] or [B, L]; got shape {prompt.shape}")
   return prompt
+
+
+def _check_tokens(name: str, ids, vocab_size: int | None, lowest: int) -> None:
+  """Concrete token ids must lie in ``[lowest, vocab_size)``."""
+  if not _is_concrete(ids):
+    return
+  ids = np.asarray(ids)
+  if np.any(ids < lowest):
+    raise ValueError(f"{name}: token ids must be >= 0" + (" (or -1 for padding)" if lowest < 0 else ""))
+  if vocab_size is not None and np.any(ids >= vocab_size):
+    raise ValueError(f"{name}: token ids must be in [0, {vocab_size}) (the vocabulary)")
 
 
 def _load(window: jax.Array, position: jax.Array, prompt: jax.Array):
@@ -136,6 +154,23 @@ class Sampler:
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
       raise ValueError(f"stages: each setting may belong to one stage only; repeated: {repeated}")
+    for setting in self.settings.values():
+      self._check(setting.name, setting.default)
+    cut_at = next((i for i, stage in enumerate(self.stages) if not stage.before_cut), len(self.stages))
+    late = [stage.name for stage in self.stages[cut_at:] if stage.before_cut]
+    if late:
+      raise ValueError(
+        f"stages: {late} act on the full row before the cut to candidates, so they must come before "
+        f"every other stage; got the order {[stage.name for stage in self.stages]}"
+      )
+
+  def _check(self, name: str, value) -> None:
+    _check_setting(self.settings[name], value)
+    if name == "penalty_last_n" and _is_concrete(value) and np.any(np.asarray(value) > self.window):
+      raise ValueError(
+        f"penalty_last_n: must be <= window={self.window} (the ring buffer's capacity); got {value!r}. "
+        "Build the sampler with a larger window."
+      )
 
   @property
   def settings(self) -> dict[str, Setting]:
@@ -173,12 +208,16 @@ class Sampler:
     if seed is not None and key is not None:
       raise ValueError("seed, key: give one of them, not both")
     for name, value in settings.items():
-      _check_setting(known[name], value)
-      if name == "penalty_last_n" and _is_concrete(value) and np.any(np.asarray(value) > self.window):
-        raise ValueError(
-          f"penalty_last_n: must be <= window={self.window} (the ring buffer's capacity); got {value!r}. "
-          "Build the sampler with a larger window."
-        )
+      self._check(name, value)
+    if key is not None and not jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
+      raise ValueError(
+        "key: must be typed PRNG keys from jax.random.key (or jax.random.wrap_key_data); "
+        f"got dtype {jnp.asarray(key).dtype}"
+      )
+    if seed is not None and _is_concrete(seed):
+      seeds = np.asarray(seed)
+      if not np.issubdtype(seeds.dtype, np.integer) or np.any(seeds < 0) or np.any(seeds >= 2**32):
+        raise ValueError(f"seed: must be integers in [0, 2**32); got {seed!r}")
     if prompt is not None:
       prompt = _as_prompt(prompt)
 
@@ -225,8 +264,11 @@ class Sampler:
       >>> float(state.settings["temperature"])
       0.0
     """
-    fresh = self.init(key=state.key, **settings)
     rows = state.position.shape
+    for name, value in settings.items():
+      if np.ndim(value) > len(rows):
+        raise ValueError(f"{name}: the state holds one row, so give a scalar; got shape {np.shape(value)}")
+    fresh = self.init(key=state.key, **settings)
     updated = {name: jnp.broadcast_to(fresh.settings[name], rows) for name in settings}
     return state._replace(settings={**state.settings, **updated})
 
@@ -243,12 +285,7 @@ class Sampler:
       ``position`` advanced by the prompt's length.
     """
     prompt = _as_prompt(prompt)
-    if _is_concrete(prompt):
-      ids = np.asarray(prompt)
-      if np.any(ids < -1):
-        raise ValueError("prompt: token ids must be >= 0 (or -1 for padding)")
-      if self.vocab_size is not None and np.any(ids >= self.vocab_size):
-        raise ValueError(f"prompt: token ids must be in [0, {self.vocab_size}) (the vocabulary)")
+    _check_tokens("prompt", prompt, self.vocab_size, lowest=-1)
     batched = state.position.ndim == 1
     if prompt.ndim == 2 and not batched:
       raise ValueError(f"prompt: a [B, L] prompt needs a batched state; got shape {prompt.shape}")
@@ -270,6 +307,9 @@ class Sampler:
     Returns:
       ``state`` with ``token`` in the window and ``position + 1``.
     """
+    if not jnp.issubdtype(jnp.asarray(token).dtype, jnp.integer):
+      raise ValueError(f"token: must be integer token ids; got dtype {jnp.asarray(token).dtype}")
+    _check_tokens("token", token, self.vocab_size, lowest=0)
     token = jnp.asarray(token, jnp.int32)
     if token.shape != state.position.shape:
       raise ValueError(f"token: must have shape {state.position.shape} to match the state; got {token.shape}")
@@ -321,7 +361,9 @@ class Sampler:
     ids = jnp.arange(x.shape[-1], dtype=jnp.int32)
     slow = lambda: jax.vmap(_finish, in_axes=(0, None, 0))(full(), ids, words)  # noqa: E731
     drawn = _merge(ok, fast, slow)
-    window, position = jax.vmap(_accept)(state.window, state.position, drawn.token)
+    # A row where nothing survived still advances, with an empty window slot.
+    accepted = jnp.where(drawn.valid, drawn.token, -1)
+    window, position = jax.vmap(_accept)(state.window, state.position, accepted)
     state = state._replace(window=window, position=position)
     if single:
       drawn, state = jax.tree.map(lambda a: a[0], (drawn, state))
@@ -368,6 +410,9 @@ class Sampler:
         f"state: holds rows of shape {state.position.shape}, logits {logits.shape} need {logits.shape[:-1]}"
       )
     x = jnp.where(jnp.isnan(logits), -jnp.inf, logits.astype(jnp.float32))
+    # A +inf logit is a certain token: a row holding any keeps only those.
+    certain = x == jnp.inf
+    x = jnp.where(jnp.any(certain, axis=-1, keepdims=True), jnp.where(certain, 0.0, -jnp.inf), x)
     x = jnp.where(x == 0, 0.0, x)  # -0.0 and 0.0 tie, as in the reference
     if mask is not None:
       mask = jnp.asarray(mask)
