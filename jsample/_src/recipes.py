@@ -51,43 +51,19 @@ def llama_cpp(
   )
 
 
-def gemma(
-  *,
-  temperature: float = 1.0,
-  top_k: int = 64,
-  top_p: float = 0.95,
-  min_p: float = 0.05,
-  repeat_penalty: float = 1.0,
-  frequency_penalty: float = 0.0,
-  presence_penalty: float = 0.0,
-  penalty_last_n: int = -1,
-  window: int = 64,
-  candidates: int = 256,
-  vocab_size: int | None = None,
-) -> Sampler:
+def gemma(**overrides) -> Sampler:
   """The llama.cpp chain with Gemma's declared generation defaults.
 
-  Temperature 1.0, top-k 64, top-p 0.95 (Gemma's ``generation_config``), min-p
-  0.05 and neutral penalties over a 64-token window.
+  Temperature 1.0, top-k 64, top-p 0.95 (Gemma's ``generation_config``), with
+  llama.cpp's min-p 0.05 and neutral penalties over a 64-token window. Takes
+  the keywords of :func:`llama_cpp`.
 
   Examples:
     >>> import jsample
     >>> float(jsample.gemma().init(seed=0).settings["temperature"])
     1.0
   """
-  return llama_cpp(
-    temperature=temperature,
-    top_k=top_k,
-    top_p=top_p,
-    min_p=min_p,
-    repeat_penalty=repeat_penalty,
-    frequency_penalty=frequency_penalty,
-    presence_penalty=presence_penalty,
-    penalty_last_n=penalty_last_n,
-    window=window,
-    candidates=candidates,
-    vocab_size=vocab_size,
-  )
+  return llama_cpp(**{"temperature": 1.0, "top_k": 64, "top_p": 0.95, **overrides})
 
 
 def hf(
