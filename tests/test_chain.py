@@ -55,23 +55,26 @@ def full_path_probs(sampler, x, state):
 
 
 def check_against_reference(probs, xs, all_settings, prompts, stages_of):
+  """Survivors equal the reference's, probabilities within 1e-6.
+
+  Where a top-p or min-p boundary lies within float32 rounding (the reference
+  nudged by ``NUDGE`` either way disagrees), the survivors must lie between the
+  two nudged sets, and the probabilities must be the reference's over them.
+  """
   probs = np.asarray(probs, np.float64)
-  ambiguous = 0
   for i, (x, s, p) in enumerate(zip(xs, all_settings, prompts, strict=True)):
-    window = p[-WINDOW:]
-    kwargs = dict(window=window)
+    kwargs = dict(window=p[-WINDOW:])
     mid = reference.probabilities(x, stages_of(s), **kwargs)
     narrow, _ = reference.survivors_and_logits(x, stages_of(s), nudge=-NUDGE, **kwargs)
-    wide, _ = reference.survivors_and_logits(x, stages_of(s), nudge=NUDGE, **kwargs)
+    wide, final = reference.survivors_and_logits(x, stages_of(s), nudge=NUDGE, **kwargs)
     got = probs[i] > 0
     if np.array_equal(narrow, wide):
       np.testing.assert_array_equal(got, mid > 0, err_msg=f"row {i}: survivors, settings {s}")
-      np.testing.assert_allclose(probs[i], mid, atol=1e-6, err_msg=f"row {i}: probabilities, settings {s}")
     else:
-      ambiguous += 1
       assert np.all(got <= wide) and np.all(narrow <= got), f"row {i}: survivors outside rounding, settings {s}"
-    np.testing.assert_allclose(probs[i].sum(), 1.0 if got.any() else 0.0, atol=1e-5)
-  assert ambiguous <= 0.05 * len(xs) + 1, f"{ambiguous} of {len(xs)} rows within rounding of a boundary"
+      mid = np.where(got, np.exp(final - final[got].max()), 0.0)
+      mid /= mid.sum()
+    np.testing.assert_allclose(probs[i], mid, atol=1e-6, err_msg=f"row {i}: probabilities, settings {s}")
 
 
 @pytest.mark.parametrize("recipe, stages_of", [(jsample.llama_cpp, llama_stages), (jsample.hf, hf_stages)])

@@ -86,16 +86,19 @@ def top_p(p: float = 0.95) -> Stage:
 
   def on_candidates(c: Candidates, s: dict, ctx: Context) -> Candidates:
     p = s["top_p"]
-    probs = jnp.exp(c.logits - c.log_total())
+    log_total = c.log_total()
+    probs = jnp.exp(c.logits - log_total)
     reached = (jnp.cumsum(probs) >= p) & (c.logits > -jnp.inf)
     crossing = jnp.argmax(reached)
     found = jnp.any(reached)
     off = p >= 1
     index = jnp.arange(c.ids.shape[0])
+    # Not reached within the candidates: all of them survive, and so may
+    # tokens beyond; a later stage (min-p) may still settle the row.
     cut = c.keep(off | ~found | (index <= crossing))
     return cut._replace(
       complete=c.complete | (found & ~off),
-      exact=c.exact & (off | found | c.complete),
+      exact=c.exact & (off | ~jnp.isnan(log_total)),
     )
 
   def on_row(logits: jax.Array, s: dict, ctx: Context) -> jax.Array:
