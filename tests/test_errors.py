@@ -436,3 +436,9 @@ def test_init_rejects_bad_seed(seed):
 def test_init_rejects_boolean_settings():
   with pytest.raises(ValueError, match="top_k"):
     sampler().init(top_k=True)
+
+
+@pytest.mark.parametrize("recipe", [jsample.llama_cpp, jsample.gemma, jsample.hf])
+def test_recipes_reject_unknown_keywords(recipe):
+  with pytest.raises(ValueError, match="top_q"):
+    recipe(top_q=0.9)
