@@ -420,6 +420,11 @@ def test_positive_infinity_is_the_certain_token(settings):
   drawn, _ = DRAW(jnp.asarray(x), state, _all_allowed(V))
   assert bool(drawn.valid)
   assert int(drawn.token) == 7
+  # A masked +inf is just masked: the rest of the row samples as usual.
+  allowed = np.ones(V, bool)
+  allowed[7] = False
+  probs = np.asarray(PROBS(jnp.asarray(x), state, jnp.asarray(allowed)))
+  assert probs[7] == 0 and probs.sum() == pytest.approx(1.0)
 
 
 def test_chain_rejects_penalties_after_other_stages():

@@ -358,8 +358,11 @@ class Sampler:
     words = jax.vmap(noise.step_words)(state.key, state.position)
     cands, ok, full = self._paths(x, state)
     fast = jax.vmap(_finish)(cands.logits, cands.ids, words)
-    ids = jnp.arange(x.shape[-1], dtype=jnp.int32)
-    slow = lambda: jax.vmap(_finish, in_axes=(0, None, 0))(full(), ids, words)  # noqa: E731
+
+    def slow():
+      ids = jnp.arange(x.shape[-1], dtype=jnp.int32)
+      return jax.vmap(_finish, in_axes=(0, None, 0))(full(), ids, words)
+
     drawn = _merge(ok, fast, slow)
     # A row where nothing survived still advances, with an empty window slot.
     accepted = jnp.where(drawn.valid, drawn.token, -1)
@@ -410,16 +413,16 @@ class Sampler:
         f"state: holds rows of shape {state.position.shape}, logits {logits.shape} need {logits.shape[:-1]}"
       )
     x = jnp.where(jnp.isnan(logits), -jnp.inf, logits.astype(jnp.float32))
-    # A +inf logit is a certain token: a row holding any keeps only those.
-    certain = x == jnp.inf
-    x = jnp.where(jnp.any(certain, axis=-1, keepdims=True), jnp.where(certain, 0.0, -jnp.inf), x)
-    x = jnp.where(x == 0, 0.0, x)  # -0.0 and 0.0 tie, as in the reference
     if mask is not None:
       mask = jnp.asarray(mask)
       allowed = masks.allowed_tokens(mask, vocab)
       if allowed.shape != x.shape:
         raise ValueError(f"mask: rows of shape {mask.shape[:-1]} do not match the logits' {logits.shape[:-1]}")
       x = jnp.where(allowed, x, -jnp.inf)
+    # A +inf logit is a certain token: a row holding any keeps only those.
+    certain = x == jnp.inf
+    x = jnp.where(jnp.any(certain, axis=-1, keepdims=True), jnp.where(certain, 0.0, -jnp.inf), x)
+    x = jnp.where(x == 0, 0.0, x)  # -0.0 and 0.0 tie, as in the reference
     single = logits.ndim == 1
     if single:
       x = x[None]
