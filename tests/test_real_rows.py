@@ -53,6 +53,6 @@ def test_llama_cpp_defaults_without_top_k_stay_on_the_candidate_path(logits):
   # Real nuclei are small: top-p 0.95 and min-p 0.05 settle within K = 64.
   sampler = jsample.llama_cpp(candidates=64)
   state = sampler.init(seed=np.arange(logits.shape[0]), top_k=0)
-  x, state, _ = sampler._prepare(jnp.asarray(logits), state, None)
-  _, fast, _ = sampler._paths(x, state)
+  rows, state, _ = sampler._prepare(jnp.asarray(logits), state, None)
+  _, fast, _ = sampler._paths(rows, state)
   assert bool(jnp.all(fast))

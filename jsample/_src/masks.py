@@ -46,21 +46,30 @@ def unpack(words: jax.Array, vocab: int) -> jax.Array:
   return bits.reshape(*words.shape[:-1], -1)[..., :vocab] == 1
 
 
-def allowed_tokens(mask, vocab: int) -> jax.Array:
-  """Checks a mask's form against ``vocab`` and returns it as bool ``[..., V]``."""
+def allowed_at(mask: jax.Array, ids: jax.Array) -> jax.Array:
+  """Whether the tokens ``ids`` are allowed by one row's mask, bool ``[V]`` or packed ``[M]``.
+
+  Ids past the row (padding) read as disallowed.
+  """
+  if mask.dtype == jnp.bool_:
+    return jnp.take(mask, ids, mode="fill", fill_value=False)
+  words = jax.lax.bitcast_convert_type(mask, jnp.uint32)
+  word = jnp.take(words, ids >> 5, mode="fill", fill_value=0)
+  return ((word >> (ids & 31).astype(jnp.uint32)) & jnp.uint32(1)) == 1
+
+
+def check(mask: jax.Array, logits_shape: tuple[int, ...]) -> None:
+  """Raises ``ValueError`` unless ``mask`` is a bool or packed mask for these logits."""
+  vocab = logits_shape[-1]
   dtype = np.dtype(mask.dtype)
-  width = mask.shape[-1] if mask.ndim else None
   if dtype == np.bool_:
-    if width != vocab:
+    if mask.shape != logits_shape:
+      raise ValueError(f"mask: a boolean mask must have the logits' shape {logits_shape}; got {mask.shape}")
+  elif dtype in (np.int32, np.uint32):
+    if mask.shape != logits_shape[:-1] + (words_for(vocab),):
       raise ValueError(
-        f"mask: a boolean mask must be [..., V] with V={vocab} (the logits' width); got shape {mask.shape}"
+        f"mask: a packed mask must be {logits_shape[:-1] + (words_for(vocab),)}: int32 words, ceil(V/32) "
+        f"per row for V={vocab}; got {mask.shape}"
       )
-    return jnp.asarray(mask)
-  if dtype in (np.int32, np.uint32):
-    if width != words_for(vocab):
-      raise ValueError(
-        f"mask: a packed mask must be [..., {words_for(vocab)}] int32 words for V={vocab} "
-        f"(ceil(V/32)); got shape {mask.shape}"
-      )
-    return unpack(mask, vocab)
-  raise ValueError(f"mask: must be bool [..., V] or packed int32 [..., ceil(V/32)]; got dtype {dtype}")
+  else:
+    raise ValueError(f"mask: must be bool [..., V] or packed int32 [..., ceil(V/32)]; got dtype {dtype}")

@@ -1,6 +1,7 @@
 """Samplers: a chain of stages, its state, and the pure functions on it."""
 
 import dataclasses
+import functools
 from typing import NamedTuple
 
 import jax
@@ -8,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jsample._src import masks, noise
+from jsample._src import cut, masks, noise
 from jsample._src.stage import Candidates, Context, Setting, Stage, logsumexp, sort_candidates
 
 
@@ -354,13 +355,13 @@ class Sampler:
       >>> bool(drawn.valid), int(drawn.token)  # nothing survives: flagged, in range
       (False, 0)
     """
-    x, state, single = self._prepare(logits, state, mask)
+    rows, state, single = self._prepare(logits, state, mask)
     words = jax.vmap(noise.step_words)(state.key, state.position)
-    cands, ok, full = self._paths(x, state)
+    cands, ok, full = self._paths(rows, state)
     fast = jax.vmap(_finish)(cands.logits, cands.ids, words)
 
     def slow():
-      ids = jnp.arange(x.shape[-1], dtype=jnp.int32)
+      ids = jnp.arange(jnp.shape(logits)[-1], dtype=jnp.int32)
       return jax.vmap(_finish, in_axes=(0, None, 0))(full(), ids, words)
 
     drawn = _merge(ok, fast, slow)
@@ -385,9 +386,9 @@ class Sampler:
       >>> [round(float(v), 3) for v in p]
       [0.0, 0.667, 0.333]
     """
-    x, state, single = self._prepare(logits, state, mask)
-    cands, ok, full = self._paths(x, state)
-    vocab = x.shape[-1]
+    rows, state, single = self._prepare(logits, state, mask)
+    cands, ok, full = self._paths(rows, state)
+    vocab = jnp.shape(logits)[-1]
 
     def spread(logits, ids):
       return jnp.zeros(vocab, jnp.float32).at[ids].set(_softmax(logits))
@@ -397,7 +398,11 @@ class Sampler:
     return out[0] if single else out
 
   def _prepare(self, logits, state: SamplerState, mask):
-    """Checks the inputs; returns float32 rows ``[B, V]`` (NaN and masked: -inf)."""
+    """Checks the inputs; returns them with a batch axis, and whether it was added.
+
+    The logits stay as given: each reader cleans what it reads (see
+    :func:`cut.clean`), so no float32 copy of the batch is ever written.
+    """
     logits = jnp.asarray(logits)
     if not jnp.issubdtype(logits.dtype, jnp.floating):
       raise ValueError(f"logits: must be float32, bfloat16 or float16; got {logits.dtype}")
@@ -412,49 +417,68 @@ class Sampler:
       raise ValueError(
         f"state: holds rows of shape {state.position.shape}, logits {logits.shape} need {logits.shape[:-1]}"
       )
-    x = jnp.where(jnp.isnan(logits), -jnp.inf, logits.astype(jnp.float32))
     if mask is not None:
       mask = jnp.asarray(mask)
-      allowed = masks.allowed_tokens(mask, vocab)
-      if allowed.shape != x.shape:
-        raise ValueError(f"mask: rows of shape {mask.shape[:-1]} do not match the logits' {logits.shape[:-1]}")
-      x = jnp.where(allowed, x, -jnp.inf)
-    # A +inf logit is a certain token: a row holding any keeps only those.
-    certain = x == jnp.inf
-    x = jnp.where(jnp.any(certain, axis=-1, keepdims=True), jnp.where(certain, 0.0, -jnp.inf), x)
-    x = jnp.where(x == 0, 0.0, x)  # -0.0 and 0.0 tie, as in the reference
+      masks.check(mask, logits.shape)
     single = logits.ndim == 1
     if single:
-      x = x[None]
+      logits, mask = logits[None], None if mask is None else mask[None]
       state = jax.tree.map(lambda a: a[None], state)
-    return x, state, single
+    return (logits, mask), state, single
 
-  def _paths(self, x: jax.Array, state: SamplerState):
+  def _paths(self, rows, state: SamplerState):
     """Runs the chain on candidates; returns them, which rows they are exact
     for, and a thunk for the full-vocabulary path."""
-    rows = (x, state.settings, state.window, state.position)
-    cands = jax.vmap(self._fast_row)(*rows)
-    return cands, cands.exact & cands.complete, lambda: jax.vmap(self._full_row)(*rows)
+    per_row = (state.settings, state.window, state.position)
+    vocab = rows[0].shape[-1]
 
-  def _fast_row(self, x, settings, window, position) -> Candidates:
-    """The K-candidate path for one row."""
-    (vocab,) = x.shape
+    def full_rows():
+      return jax.vmap(cut.full_row)(*rows)
+
+    candidates = jax.vmap(self._cut_row)(*rows, *per_row)
+    # The row's log-normaliser costs an exp per token, so the chain first runs
+    # without it; only if some row needs it is it computed, for the batch.
+    unchanged = ~jnp.isnan(candidates.total)
+    chain_row = jax.vmap(functools.partial(self._chain_row, vocab=vocab))
+
+    def run(total):
+      return chain_row(candidates._replace(total=total), *per_row)
+
+    def with_total():
+      return run(jnp.where(unchanged, jax.vmap(logsumexp)(full_rows()), jnp.nan))
+
+    first = run(jnp.full(candidates.total.shape, jnp.nan))
+    cands = _merge(first.exact & first.complete, first, with_total)
+    return cands, cands.exact & cands.complete, lambda: jax.vmap(self._full_row)(full_rows(), *per_row)
+
+  def _cut_row(self, raw, mask, settings, window, position) -> Candidates:
+    """The one ``O(V)`` step of the candidate path: the ``K`` best tokens of one row.
+
+    Its ``total`` is a placeholder: 0 where the row's log-normaliser still holds
+    after the stages before the cut, NaN where they changed it.
+    """
+    (vocab,) = raw.shape
     ctx = Context(window, position, vocab)
     before = [s for s in self.stages if s.before_cut]
-    after = [s for s in self.stages if not s.before_cut]
     # Stages before the cut change at most W tokens (the window's), so the K
     # best afterwards are among the K + W best now.
     wide = min(vocab, self.candidates + (self.window if before else 0))
-    logits, ids = lax.top_k(x, wide)
-    c = Candidates(ids, logits, logsumexp(x), (wide == vocab) | (logits[-1] == -jnp.inf), jnp.bool_(True))
+    logits, ids = cut.top_candidates(raw, mask, wide)
+    c = Candidates(ids, logits, jnp.float32(0), (wide == vocab) | (logits[-1] == -jnp.inf), jnp.bool_(True))
     for stage in before:
       c = stage.on_candidates(c, settings, ctx)
     if before:
       ids, logits = sort_candidates(c.ids, c.logits)
       kept = min(self.candidates, wide)
       c = c._replace(ids=ids[:kept], logits=logits[:kept], complete=(kept == vocab) | (logits[kept - 1] == -jnp.inf))
-    for stage in after:
-      c = stage.on_candidates(c, settings, ctx)
+    return c
+
+  def _chain_row(self, c: Candidates, settings, window, position, *, vocab: int) -> Candidates:
+    """The ``O(K)`` rest of the candidate path, for one row."""
+    ctx = Context(window, position, vocab)
+    for stage in self.stages:
+      if not stage.before_cut:
+        c = stage.on_candidates(c, settings, ctx)
     return c
 
   def _full_row(self, x, settings, window, position) -> jax.Array:
