@@ -37,7 +37,7 @@ def _build(
   presence_penalty: float = 0.0,
   penalty_last_n: int = -1,
   window: int = 64,
-  candidates: int = 256,
+  candidates: int = 128,
   vocab_size: int | None = None,
 ) -> Sampler:
   stages = {

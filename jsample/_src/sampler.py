@@ -141,7 +141,7 @@ class Sampler:
 
   stages: tuple[Stage, ...]
   window: int = 64
-  candidates: int = 256
+  candidates: int = 128
   vocab_size: int | None = None
 
   def __post_init__(self):
@@ -435,7 +435,9 @@ class Sampler:
     def full_rows():
       return jax.vmap(cut.full_row)(*rows)
 
-    candidates = jax.vmap(self._cut_row)(*rows, *per_row)
+    wide = min(vocab, self.candidates + (self.window if any(s.before_cut for s in self.stages) else 0))
+    logits, ids = cut.top_candidates(*rows, wide)
+    candidates = jax.vmap(functools.partial(self._cut_row, vocab=vocab))(logits, ids, *per_row)
     # The row's log-normaliser costs an exp per token, so the chain first runs
     # without it; only if some row needs it is it computed, for the batch.
     unchanged = ~jnp.isnan(candidates.total)
@@ -451,20 +453,17 @@ class Sampler:
     cands = _merge(first.exact & first.complete, first, with_total)
     return cands, cands.exact & cands.complete, lambda: jax.vmap(self._full_row)(full_rows(), *per_row)
 
-  def _cut_row(self, raw, mask, settings, window, position) -> Candidates:
-    """The one ``O(V)`` step of the candidate path: the ``K`` best tokens of one row.
+  def _cut_row(self, logits, ids, settings, window, position, *, vocab: int) -> Candidates:
+    """The ``K`` best tokens of one row, from the ``K + W`` best before the stages
+    that run before the cut (which change at most the W window tokens).
 
     Its ``total`` is a placeholder: 0 where the row's log-normaliser still holds
-    after the stages before the cut, NaN where they changed it.
+    after those stages, NaN where they changed it.
     """
-    (vocab,) = raw.shape
+    (wide,) = ids.shape
     ctx = Context(window, position, vocab)
-    before = [s for s in self.stages if s.before_cut]
-    # Stages before the cut change at most W tokens (the window's), so the K
-    # best afterwards are among the K + W best now.
-    wide = min(vocab, self.candidates + (self.window if before else 0))
-    logits, ids = cut.top_candidates(raw, mask, wide)
     c = Candidates(ids, logits, jnp.float32(0), (wide == vocab) | (logits[-1] == -jnp.inf), jnp.bool_(True))
+    before = [s for s in self.stages if s.before_cut]
     for stage in before:
       c = stage.on_candidates(c, settings, ctx)
     if before:
@@ -507,7 +506,7 @@ def _finish(logits: jax.Array, ids: jax.Array, words: jax.Array) -> Draw:
   return Draw(token, valid, jnp.where(valid, chosen - logsumexp(logits), 0.0))
 
 
-def chain(*stages: Stage, window: int = 64, candidates: int = 256, vocab_size: int | None = None) -> Sampler:
+def chain(*stages: Stage, window: int = 64, candidates: int = 128, vocab_size: int | None = None) -> Sampler:
   """Composes stages, in the order given, into a :class:`Sampler`.
 
   The sampler draws from whatever survives the last stage: with temperature
