@@ -1,8 +1,8 @@
-"""The cut: the ``n`` best tokens of a row, exactly as ``lax.top_k``, in about one read.
+"""The cut: the ``n`` best tokens of each row, exactly as ``lax.top_k``, in a few reads.
 
 A full ``lax.top_k`` over 262144 entries costs some 15-20 reads of the row on
-CPU. Two stages cost about one: take the maximum of every chunk of ``CHUNK``
-tokens (one fused pass), keep the ``n`` chunks with the best maxima, and run
+CPU. Two stages cost a few: take the maximum of every chunk of ``CHUNK``
+tokens (one pass), keep the ``n`` chunks with the best maxima, and run
 ``top_k`` over their ``n * CHUNK`` entries only.
 
 Exact, ties included: every chunk ranked above the chunk of a top-``n`` token
