@@ -53,7 +53,8 @@ def survivors_and_logits(logits, stages, *, window=(), mask=None, nudge=0.0):
       continue
     if not alive.any():
       continue
-    order = [i for i in sampling_order(np.where(alive, y, -np.inf)) if alive[i]]
+    order = sampling_order(np.where(alive, y, -np.inf))
+    order = order[alive[order]]
     if name == "top_k":
       if 0 < value < x.size:
         alive[order[value:]] = False

@@ -54,27 +54,30 @@ def full_path_probs(sampler, x, state):
   return jax.vmap(_softmax)(jax.vmap(sampler._full_row)(*rows_))
 
 
-def check_against_reference(probs, xs, all_settings, prompts, stages_of):
-  """Survivors equal the reference's, probabilities within 1e-6.
+def check_against_reference(outputs, xs, all_settings, prompts, stages_of):
+  """Each of ``outputs`` (probabilities ``[B, V]``) has the reference's survivors,
+  and its probabilities within 1e-6.
 
   Where a top-p or min-p boundary lies within float32 rounding (the reference
   nudged by ``NUDGE`` either way disagrees), the survivors must lie between the
   two nudged sets, and the probabilities must be the reference's over them.
   """
-  probs = np.asarray(probs, np.float64)
+  outputs = [np.asarray(probs, np.float64) for probs in outputs]
   for i, (x, s, p) in enumerate(zip(xs, all_settings, prompts, strict=True)):
     kwargs = dict(window=p[-WINDOW:])
     mid = reference.probabilities(x, stages_of(s), **kwargs)
     narrow, _ = reference.survivors_and_logits(x, stages_of(s), nudge=-NUDGE, **kwargs)
     wide, final = reference.survivors_and_logits(x, stages_of(s), nudge=NUDGE, **kwargs)
-    got = probs[i] > 0
-    if np.array_equal(narrow, wide):
-      np.testing.assert_array_equal(got, mid > 0, err_msg=f"row {i}: survivors, settings {s}")
-    else:
-      assert np.all(got <= wide) and np.all(narrow <= got), f"row {i}: survivors outside rounding, settings {s}"
-      mid = np.where(got, np.exp(final - final[got].max()), 0.0)
-      mid /= mid.sum()
-    np.testing.assert_allclose(probs[i], mid, atol=1e-6, err_msg=f"row {i}: probabilities, settings {s}")
+    for probs in outputs:
+      got = probs[i] > 0
+      expected = mid
+      if np.array_equal(narrow, wide):
+        np.testing.assert_array_equal(got, mid > 0, err_msg=f"row {i}: survivors, settings {s}")
+      else:
+        assert np.all(got <= wide) and np.all(narrow <= got), f"row {i}: survivors outside rounding, settings {s}"
+        expected = np.where(got, np.exp(final - final[got].max()), 0.0)
+        expected /= expected.sum()
+      np.testing.assert_allclose(probs[i], expected, atol=1e-6, err_msg=f"row {i}: probabilities, settings {s}")
 
 
 @pytest.mark.parametrize("recipe, stages_of", [(jsample.llama_cpp, llama_stages), (jsample.hf, hf_stages)])
@@ -84,9 +87,8 @@ def test_matches_reference(recipe, stages_of, vocab, size):
   sampler = recipe(window=WINDOW, candidates=64)
   state = sampler.init(seed=np.arange(size), prompt=prompts, **per_row)
   fast_or_full = jax.jit(sampler.probs)(jnp.asarray(xs), state)
-  check_against_reference(fast_or_full, xs, all_settings, prompts, stages_of)
   full = jax.jit(lambda x, s: full_path_probs(sampler, x, s))(jnp.asarray(xs), state)
-  check_against_reference(full, xs, all_settings, prompts, stages_of)
+  check_against_reference([fast_or_full, full], xs, all_settings, prompts, stages_of)
 
 
 def test_matches_reference_at_gemma_vocabulary():
@@ -94,7 +96,7 @@ def test_matches_reference_at_gemma_vocabulary():
   xs, all_settings, per_row, prompts = batch(1, vocab, size)
   sampler = jsample.llama_cpp(window=WINDOW)
   state = sampler.init(seed=np.arange(size), prompt=prompts, **per_row)
-  check_against_reference(jax.jit(sampler.probs)(jnp.asarray(xs), state), xs, all_settings, prompts, llama_stages)
+  check_against_reference([jax.jit(sampler.probs)(jnp.asarray(xs), state)], xs, all_settings, prompts, llama_stages)
 
 
 def test_masks_apply_before_everything():
@@ -105,6 +107,6 @@ def test_masks_apply_before_everything():
   state = sampler.init(seed=0, prompt=prompts, **per_row)
   probs = np.asarray(jax.jit(sampler.probs)(jnp.asarray(xs), state, allowed), np.float64)
   masked = np.where(allowed, xs, -np.inf)
-  check_against_reference(probs, masked, all_settings, prompts, llama_stages)
+  check_against_reference([probs], masked, all_settings, prompts, llama_stages)
   packed = jsample.pack_mask(allowed)
   np.testing.assert_array_equal(probs, jax.jit(sampler.probs)(jnp.asarray(xs), state, packed))

@@ -40,9 +40,8 @@ def test_real_rows_match_the_reference(logits, recipe, stages_of, settings):
   x = jnp.asarray(logits)  # float16, as recorded
   probs = jax.jit(sampler.probs)(x, state)
   rows = logits.astype(np.float32)
-  check_against_reference(probs, rows, [{**NEUTRAL, **settings}] * size, prompts, stages_of)
   full = jax.jit(lambda x, s: full_path_probs(sampler, x, s))(x.astype(jnp.float32), state)
-  check_against_reference(full, rows, [{**NEUTRAL, **settings}] * size, prompts, stages_of)
+  check_against_reference([probs, full], rows, [{**NEUTRAL, **settings}] * size, prompts, stages_of)
   tokens, _ = jax.jit(sampler.pick)(x, state)
   np.testing.assert_array_equal(
     tokens, jax.jit(lambda x, s: full_path_tokens(sampler, x, s))(x.astype(jnp.float32), state)
