@@ -48,10 +48,15 @@ def batch(seed: int, vocab: int, size: int, kinds=rows.KINDS):
   return np.stack(xs), all_settings, per_row, prompts
 
 
+def full_path_logits(sampler, x, state):
+  """The final logits ``[B, V]`` of the full-vocabulary path alone, for every row."""
+  rows_, state, _ = sampler._prepare(x, state, None)
+  return sampler._paths(rows_, state)[2]()
+
+
 def full_path_probs(sampler, x, state):
   """Probabilities from the full-vocabulary path alone, for every row."""
-  rows_ = (jnp.where(jnp.isnan(x), -jnp.inf, x), state.settings, state.window, state.position)
-  return jax.vmap(_softmax)(jax.vmap(sampler._full_row)(*rows_))
+  return jax.vmap(_softmax)(full_path_logits(sampler, x, state))
 
 
 def check_against_reference(outputs, xs, all_settings, prompts, stages_of):
