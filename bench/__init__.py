@@ -1,0 +1,1 @@
+"""jsample's benchmark: ``python -m bench [--quick]``; see ``bench/run.py``."""
