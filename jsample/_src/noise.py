@@ -10,12 +10,18 @@ compute the same score for the same token and pick the same winner.
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
 # Multipliers of the "lowbias32" integer hash found by Chris Wellons' hash
 # prospector: a full-avalanche 32-bit mix in five cheap operations.
 _MUL_A = 0x7FEB352D
 _MUL_B = 0x846CA68B
 _GOLDEN = 0x9E3779B9
+# Token-level hashes use salted words, so they never repeat a group's hash.
+_TOKEN_SALT = np.array([0xA5A5A5A5, 0x3C3C3C3C], np.uint32)
+
+GROUP = 32  # ids per noise group: 0..31, 32..63, ...
 
 
 def _mix(x: jax.Array) -> jax.Array:
@@ -40,6 +46,14 @@ def step_words(key: jax.Array, position: jax.Array) -> jax.Array:
   return jax.random.bits(step, (2,), jnp.uint32)
 
 
+def _bits(words: jax.Array, ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Two hashed uint32 words per id."""
+  c = ids.astype(jnp.uint32)
+  hi = _mix(_mix(c ^ words[0]) + words[1])
+  lo = _mix(_mix(c + jnp.uint32(_GOLDEN)) ^ hi ^ words[1])
+  return hi, lo
+
+
 def uniform(words: jax.Array, ids: jax.Array) -> jax.Array:
   """A uniform in ``[0, 1)`` per token id, with 2^-56 resolution near zero.
 
@@ -50,10 +64,7 @@ def uniform(words: jax.Array, ids: jax.Array) -> jax.Array:
   Returns:
     ``[N]`` float32 in ``[0, 1)``.
   """
-  c = ids.astype(jnp.uint32)
-  hi = _mix(_mix(c ^ words[0]) + words[1])
-  lo = _mix(_mix(c + jnp.uint32(_GOLDEN)) ^ hi ^ words[1])
-  return unit_interval(hi, lo)
+  return unit_interval(*_bits(words, ids))
 
 
 def unit_interval(hi: jax.Array, lo: jax.Array) -> jax.Array:
@@ -71,14 +82,34 @@ def unit_interval(hi: jax.Array, lo: jax.Array) -> jax.Array:
 
 
 def gumbel(words: jax.Array, ids: jax.Array) -> jax.Array:
-  """Gumbel noise ``-log(E)`` with ``E ~ Exp(1)``, keyed by token id.
+  """Gumbel noise keyed by token id: ``[N]`` float32, independent across ids.
 
-  ``E = -log1p(-u)`` keeps full relative precision for small ``u``, so the
-  upper tail of the noise (what lets an unlikely token win) is honest down to
-  probabilities near 2^-56.
+  The noise is built top-down per group of ``GROUP`` consecutive ids, so that
+  a group's largest noise is known from one hash, without the group's other
+  ids (which is what lets :func:`race_row` skip most of a row). The maximum of
+  ``n`` standard Gumbels is ``Gumbel(log n)``, it sits at a uniformly chosen
+  member (the group's leader), and the others are standard Gumbels below it:
+  ``-log(exp(-max) + E)`` with ``E ~ Exp(1)``. Together these are exactly
+  ``n`` independent standard Gumbels.
+
+  Exponentials come from ``-log1p(-u)``, which keeps full relative precision
+  for small ``u``, so the upper tail (what lets an unlikely token win) is
+  honest down to probabilities near 2^-56.
   """
-  exponential = -jnp.log1p(-uniform(words, ids))
-  return -jnp.log(exponential)
+  top, leader = _group(words, ids // GROUP)
+  rest = -jnp.log(jnp.exp(-top) + _exponential(*_bits(words ^ _TOKEN_SALT, ids)))
+  return jnp.where(ids % GROUP == leader, top, rest)
+
+
+def _exponential(hi: jax.Array, lo: jax.Array) -> jax.Array:
+  return -jnp.log1p(-unit_interval(hi, lo))
+
+
+def _group(words: jax.Array, groups: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The largest noise of each group and the member (``0..GROUP-1``) that holds it."""
+  hi, lo = _bits(words, groups)
+  top = jnp.float32(np.log(GROUP)) - jnp.log(_exponential(hi, lo))
+  return top, (lo & (GROUP - 1)).astype(jnp.int32)  # lo's low bits are unused by the uniform
 
 
 def race(logits: jax.Array, ids: jax.Array, words: jax.Array):
@@ -93,10 +124,38 @@ def race(logits: jax.Array, ids: jax.Array, words: jax.Array):
     ``(token, valid)``: the winning id (0 when nothing survives) and whether
     anything survived.
   """
+  token, valid, _ = _race(logits, ids, words)
+  return token, valid
+
+
+def _race(logits, ids, words):
   alive = logits > -jnp.inf
   score = jnp.where(alive, logits + gumbel(words, ids), -jnp.inf)
   best = jnp.max(score)
   id_sentinel = jnp.iinfo(jnp.int32).max
   token = jnp.min(jnp.where(alive & (score == best), ids, id_sentinel))
   valid = jnp.any(alive)
-  return jnp.where(valid, token, 0), valid
+  return jnp.where(valid, token, 0), valid, best
+
+
+def race_row(logits: jax.Array, words: jax.Array, groups_read: int = 16):
+  """:func:`race` over a whole row ``[V]`` (ids ``0..V-1``), hashing a few groups only.
+
+  No token of a group scores above the group's best logit plus the group's
+  largest noise, which one hash gives (see :func:`gumbel`). The race runs
+  over the ``groups_read`` groups with the highest such bounds; if its winner
+  beats the bound of every other group, it is the winner of the whole row.
+  Otherwise (rare) the race runs over every token.
+  """
+  (vocab,) = logits.shape
+  groups = -(-vocab // GROUP)
+  ids = jnp.arange(vocab, dtype=jnp.int32)
+  if groups <= groups_read:
+    return race(logits, ids, words)
+  padded = jnp.pad(logits, (0, groups * GROUP - vocab), constant_values=-jnp.inf).reshape(groups, GROUP)
+  top, _ = _group(words, jnp.arange(groups, dtype=jnp.int32))
+  bounds, chosen = lax.top_k(jnp.max(padded, axis=1) + top, groups_read + 1)
+  read = chosen[:groups_read]
+  read_ids = (read[:, None] * GROUP + jnp.arange(GROUP, dtype=jnp.int32)[None, :]).reshape(-1)
+  token, valid, best = _race(padded[read].reshape(-1), read_ids, words)
+  return lax.cond(best > bounds[groups_read], lambda: (token, valid), lambda: race(logits, ids, words))
