@@ -51,7 +51,7 @@ def batch(seed: int, vocab: int, size: int, kinds=rows.KINDS):
 def full_path_logits(sampler, x, state):
   """The final logits ``[B, V]`` of the full-vocabulary path alone, for every row."""
   rows_, state, _ = sampler._prepare(x, state, None)
-  return sampler._paths(rows_, state)[2]()
+  return jax.vmap(sampler._full_row)(*rows_, state.settings, state.window, state.position)
 
 
 def full_path_probs(sampler, x, state):

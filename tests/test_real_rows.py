@@ -53,5 +53,5 @@ def test_llama_cpp_defaults_without_top_k_stay_on_the_candidate_path(logits):
   sampler = jsample.llama_cpp(candidates=64)
   state = sampler.init(seed=np.arange(logits.shape[0]), top_k=0)
   rows, state, _ = sampler._prepare(jnp.asarray(logits), state, None)
-  _, fast, _ = sampler._paths(rows, state)
+  _, fast = sampler._candidates(rows, state)
   assert bool(jnp.all(fast))

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jsample._src import masks
+from jsample._src.stage import logsumexp
 
 CHUNK = 32
 
@@ -76,3 +77,22 @@ def top_candidates(raw: jax.Array, mask: jax.Array | None, n: int) -> tuple[jax.
   values = jax.vmap(clean)(gathered, where_ids, mask)
   logits, where = lax.top_k(values, n)
   return logits, jnp.take_along_axis(where_ids, where, axis=1)
+
+
+def log_normalisers(raw: jax.Array, mask: jax.Array | None, top: jax.Array) -> jax.Array:
+  """``log Σ exp`` of each cleaned row ``[B, V]``, given each row's cleaned maximum ``top [B]``.
+
+  A bare exp-and-sum over the raw row is the cheap way (about 4 reads on CPU);
+  cleaning fused into it costs several times more, so it runs, row by row,
+  only when the cheap sum says a row holds NaN or +inf, or under a mask.
+  """
+  if mask is None:
+    shift = jnp.where(top > -jnp.inf, top, 0.0)
+    sums = jnp.sum(jnp.exp(raw.astype(jnp.float32) - shift[:, None]), axis=-1)
+    dirty = jnp.any(~jnp.isfinite(sums) | (top >= jnp.finfo(jnp.float32).max))
+    return lax.cond(dirty, lambda: _cleaned_normalisers(raw, mask), lambda: shift + jnp.log(sums))
+  return _cleaned_normalisers(raw, mask)
+
+
+def _cleaned_normalisers(raw: jax.Array, mask: jax.Array | None) -> jax.Array:
+  return lax.map(lambda row: logsumexp(full_row(*row)), (raw, mask))

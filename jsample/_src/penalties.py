@@ -29,6 +29,15 @@ def _recent(s: dict, ctx: Context) -> jax.Array:
   return (age < jnp.minimum(last_n, ctx.position)) & (ctx.window >= 0)
 
 
+def _counts(ids: jax.Array, recent: jax.Array) -> jax.Array:
+  """How often each of ``ids [N]`` occurs in ``recent [W]`` (``-1``: no token)."""
+  (width,) = recent.shape
+  if width <= 128:  # comparing every pair is cheapest for short windows
+    return jnp.sum(ids[:, None] == recent[None, :], axis=1)
+  ordered = jnp.sort(recent)
+  return jnp.searchsorted(ordered, ids, side="right") - jnp.searchsorted(ordered, ids, side="left")
+
+
 def _penalise(logits: jax.Array, count: jax.Array, s: dict) -> jax.Array:
   """llama.cpp's arithmetic, for tokens seen ``count`` times in the window."""
   repeat = s["repeat_penalty"]
@@ -84,8 +93,7 @@ def penalties(repeat: float = 1.0, frequency: float = 0.0, presence: float = 0.0
   """
 
   def on_candidates(c: Candidates, s: dict, ctx: Context) -> Candidates:
-    recent = _recent(s, ctx)
-    count = jnp.sum((c.ids[:, None] == ctx.window[None, :]) & recent[None, :], axis=1)
+    count = _counts(c.ids, jnp.where(_recent(s, ctx), ctx.window, -1))
     active = _active(s, ctx)
     return c._replace(
       logits=_penalise(c.logits, count, s),

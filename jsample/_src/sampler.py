@@ -357,14 +357,16 @@ class Sampler:
     """
     rows, state, single = self._prepare(logits, state, mask)
     words = jax.vmap(noise.step_words)(state.key, state.position)
-    cands, ok, full = self._paths(rows, state)
+    cands, ok = self._candidates(rows, state)
     fast = jax.vmap(_finish)(cands.logits, cands.ids, words)
 
-    def slow():
-      ids = jnp.arange(jnp.shape(logits)[-1], dtype=jnp.int32)
-      return jax.vmap(_finish, in_axes=(0, None, 0))(full(), ids, words)
+    def slow(raw, mask, settings, window, position, words):
+      final = self._full_row(raw, mask, settings, window, position)
+      token, valid = noise.race_row(final, words)
+      chosen = final[token]
+      return Draw(token, valid, jnp.where(valid, chosen - logsumexp(final), 0.0))
 
-    drawn = _merge(ok, fast, slow)
+    drawn = _per_row(ok, fast, slow, *rows, state.settings, state.window, state.position, words)
     # A row where nothing survived still advances, with an empty window slot.
     accepted = jnp.where(drawn.valid, drawn.token, -1)
     window, position = jax.vmap(_accept)(state.window, state.position, accepted)
@@ -387,14 +389,17 @@ class Sampler:
       [0.0, 0.667, 0.333]
     """
     rows, state, single = self._prepare(logits, state, mask)
-    cands, ok, full = self._paths(rows, state)
+    cands, ok = self._candidates(rows, state)
     vocab = jnp.shape(logits)[-1]
 
     def spread(logits, ids):
       return jnp.zeros(vocab, jnp.float32).at[ids].set(_softmax(logits))
 
+    def slow(*row):
+      return _softmax(self._full_row(*row))
+
     fast = jax.vmap(spread)(cands.logits, cands.ids)
-    out = _merge(ok, fast, lambda: jax.vmap(_softmax)(full()))
+    out = _per_row(ok, fast, slow, *rows, state.settings, state.window, state.position)
     return out[0] if single else out
 
   def _prepare(self, logits, state: SamplerState, mask):
@@ -426,16 +431,15 @@ class Sampler:
       state = jax.tree.map(lambda a: a[None], state)
     return (logits, mask), state, single
 
-  def _paths(self, rows, state: SamplerState):
-    """Runs the chain on candidates; returns them, which rows they are exact
-    for, and a thunk for the full-vocabulary path."""
+  def _candidates(self, rows, state: SamplerState):
+    """Runs the chain on candidates; returns them and the rows they are exact for."""
     per_row = (state.settings, state.window, state.position)
     vocab = rows[0].shape[-1]
-
-    def full_rows():
-      return jax.vmap(cut.full_row)(*rows)
-
-    wide = min(vocab, self.candidates + (self.window if any(s.before_cut for s in self.stages) else 0))
+    # Penalties that only lower logits change the window's tokens alone, so at
+    # most min(W, K) of the best K + min(W, K) raw tokens fall out of the K best;
+    # _cut_row checks that and flags a row when more did.
+    extra = min(self.window, self.candidates) if any(s.before_cut for s in self.stages) else 0
+    wide = min(vocab, self.candidates + extra)
     logits, ids = cut.top_candidates(*rows, wide)
     candidates = jax.vmap(functools.partial(self._cut_row, vocab=vocab))(logits, ids, *per_row)
     # The row's log-normaliser costs an exp per token, so the chain first runs
@@ -447,29 +451,37 @@ class Sampler:
       return chain_row(candidates._replace(total=total), *per_row)
 
     def with_total():
-      return run(jnp.where(unchanged, jax.vmap(logsumexp)(full_rows()), jnp.nan))
+      return run(jnp.where(unchanged, cut.log_normalisers(*rows, logits[:, 0]), jnp.nan))
 
     first = run(jnp.full(candidates.total.shape, jnp.nan))
     cands = _merge(first.exact & first.complete, first, with_total)
-    return cands, cands.exact & cands.complete, lambda: jax.vmap(self._full_row)(full_rows(), *per_row)
+    return cands, cands.exact & cands.complete
 
   def _cut_row(self, logits, ids, settings, window, position, *, vocab: int) -> Candidates:
-    """The ``K`` best tokens of one row, from the ``K + W`` best before the stages
-    that run before the cut (which change at most the W window tokens).
+    """The ``K`` best tokens of one row, from the ``wide`` best before the stages
+    that run before the cut (which only change tokens of the window).
 
-    Its ``total`` is a placeholder: 0 where the row's log-normaliser still holds
-    after those stages, NaN where they changed it.
+    Exact when the ``K``-th best after those stages still beats every token
+    outside the ``wide`` (each at most the last raw candidate). Its ``total``
+    is a placeholder: 0 where the row's log-normaliser still holds after
+    those stages, NaN where they changed it.
     """
     (wide,) = ids.shape
     ctx = Context(window, position, vocab)
-    c = Candidates(ids, logits, jnp.float32(0), (wide == vocab) | (logits[-1] == -jnp.inf), jnp.bool_(True))
+    whole = (wide == vocab) | (logits[-1] == -jnp.inf)
+    c = Candidates(ids, logits, jnp.float32(0), whole, jnp.bool_(True))
     before = [s for s in self.stages if s.before_cut]
     for stage in before:
       c = stage.on_candidates(c, settings, ctx)
     if before:
-      ids, logits = sort_candidates(c.ids, c.logits)
+      ids, penalised = sort_candidates(c.ids, c.logits)
       kept = min(self.candidates, wide)
-      c = c._replace(ids=ids[:kept], logits=logits[:kept], complete=(kept == vocab) | (logits[kept - 1] == -jnp.inf))
+      c = c._replace(
+        ids=ids[:kept],
+        logits=penalised[:kept],
+        complete=(kept == vocab) | (penalised[kept - 1] == -jnp.inf),
+        exact=c.exact & (whole | (penalised[kept - 1] > logits[-1])),
+      )
     return c
 
   def _chain_row(self, c: Candidates, settings, window, position, *, vocab: int) -> Candidates:
@@ -480,13 +492,28 @@ class Sampler:
         c = stage.on_candidates(c, settings, ctx)
     return c
 
-  def _full_row(self, x, settings, window, position) -> jax.Array:
+  def _full_row(self, raw, mask, settings, window, position) -> jax.Array:
     """The full-vocabulary path for one row: every stage on ``[V]``, no sort."""
-    (vocab,) = x.shape
-    ctx = Context(window, position, vocab)
+    x = cut.full_row(raw, mask)
+    ctx = Context(window, position, x.shape[0])
     for stage in self.stages:
       x = stage.on_row(x, settings, ctx)
     return x
+
+
+def _per_row(ok: jax.Array, fast, slow, *rows):
+  """Per row, ``fast`` where ``ok``, else ``slow(*row)``.
+
+  ``slow`` runs row by row, and only for the rows that need it: its ``O(V)``
+  temporaries exist for one row at a time, and a batch where every row is
+  ``ok`` pays nothing for it.
+  """
+
+  def one(args):
+    ok, fast, row = args
+    return lax.cond(ok, lambda: fast, lambda: slow(*row))
+
+  return lax.map(one, (ok, fast, rows))
 
 
 def _merge(ok: jax.Array, fast, slow):

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from jsample._src.stage import Candidates, Context, Setting, Stage
 
@@ -52,8 +53,11 @@ def temperature(t: float = 0.8) -> Stage:
   def on_row(logits: jax.Array, s: dict, ctx: Context) -> jax.Array:
     t = s["temperature"]
     best = jnp.max(logits)
-    first = jnp.argmax(logits)  # ties to the lower id
-    greedy = jnp.where(jnp.arange(ctx.vocab) == first, logits, -jnp.inf)
-    return jnp.where(t > 0, _scale(logits, best, t), _scale(greedy, best, t))
+
+    def greedy():
+      first = jnp.argmax(logits)  # ties to the lower id
+      return _scale(jnp.where(jnp.arange(ctx.vocab) == first, logits, -jnp.inf), best, t)
+
+    return lax.cond(t > 0, lambda: _scale(logits, best, t), greedy)
 
   return Stage("temperature", (setting,), on_candidates, on_row)

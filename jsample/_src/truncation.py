@@ -7,6 +7,7 @@ the lower id) and always keeps at least one survivor.
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from jsample._src.search import shortest_prefix
 from jsample._src.stage import Candidates, Context, Setting, Stage, logsumexp, survivor_rank
@@ -51,9 +52,12 @@ def top_k(k: int = 40) -> Stage:
 
   def on_row(logits: jax.Array, s: dict, ctx: Context) -> jax.Array:
     k = limit(s, ctx)
-    alive = logits > -jnp.inf
-    keep = shortest_prefix(logits, alive.astype(jnp.int32), k)
-    return jnp.where(keep, logits, -jnp.inf)
+
+    def cut():
+      keep = shortest_prefix(logits, (logits > -jnp.inf).astype(jnp.int32), k)
+      return jnp.where(keep, logits, -jnp.inf)
+
+    return lax.cond(k >= ctx.vocab, lambda: logits, cut)  # the search costs ~50 passes: skip it when off
 
   return Stage("top_k", (setting,), on_candidates, on_row)
 
@@ -103,9 +107,12 @@ def top_p(p: float = 0.95) -> Stage:
 
   def on_row(logits: jax.Array, s: dict, ctx: Context) -> jax.Array:
     p = s["top_p"]
-    probs = jnp.exp(logits - logsumexp(logits))
-    keep = shortest_prefix(logits, probs, p)
-    return jnp.where(keep | (p >= 1), logits, -jnp.inf)
+
+    def cut():
+      keep = shortest_prefix(logits, jnp.exp(logits - logsumexp(logits)), p)
+      return jnp.where(keep, logits, -jnp.inf)
+
+    return lax.cond(p >= 1, lambda: logits, cut)
 
   return Stage("top_p", (setting,), on_candidates, on_row)
 
