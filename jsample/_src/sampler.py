@@ -506,14 +506,15 @@ def _per_row(ok: jax.Array, fast, slow, *rows):
 
   ``slow`` runs row by row, and only for the rows that need it: its ``O(V)``
   temporaries exist for one row at a time, and a batch where every row is
-  ``ok`` pays nothing for it.
+  ``ok`` pays nothing for it. (Rows are indexed inside the loop, not mapped
+  over: mapping would copy the whole batch of logits first.)
   """
 
-  def one(args):
-    ok, fast, row = args
-    return lax.cond(ok, lambda: fast, lambda: slow(*row))
+  def one(i):
+    pick = functools.partial(jax.tree.map, lambda a: a[i])
+    return lax.cond(ok[i], lambda: pick(fast), lambda: slow(*pick(rows)))
 
-  return lax.map(one, (ok, fast, rows))
+  return lax.map(one, jnp.arange(ok.shape[0]))
 
 
 def _merge(ok: jax.Array, fast, slow):
