@@ -152,7 +152,8 @@ def race_row(logits: jax.Array, words: jax.Array, groups_read: int = 16):
   ids = jnp.arange(vocab, dtype=jnp.int32)
   if groups <= groups_read:
     return race(logits, ids, words)
-  padded = jnp.pad(logits, (0, groups * GROUP - vocab), constant_values=-jnp.inf).reshape(groups, GROUP)
+  padded = logits if groups * GROUP == vocab else jnp.pad(logits, (0, groups * GROUP - vocab), constant_values=-jnp.inf)
+  padded = padded.reshape(groups, GROUP)
   top, _ = _group(words, jnp.arange(groups, dtype=jnp.int32))
   bounds, chosen = lax.top_k(jnp.max(padded, axis=1) + top, groups_read + 1)
   read = chosen[:groups_read]

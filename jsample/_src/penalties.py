@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from jsample._src.stage import Candidates, Context, Setting, Stage
 
@@ -102,9 +103,12 @@ def penalties(repeat: float = 1.0, frequency: float = 0.0, presence: float = 0.0
     )
 
   def on_row(logits: jax.Array, s: dict, ctx: Context) -> jax.Array:
-    recent = _recent(s, ctx)
-    slots = jnp.where(recent & (ctx.window < ctx.vocab), ctx.window, ctx.vocab)
-    count = jnp.zeros(ctx.vocab, jnp.int32).at[slots].add(1, mode="drop")
-    return _penalise(logits, count, s)
+    def penalise():
+      recent = _recent(s, ctx)
+      slots = jnp.where(recent & (ctx.window < ctx.vocab), ctx.window, ctx.vocab)
+      count = jnp.zeros(ctx.vocab, jnp.int32).at[slots].add(1, mode="drop")
+      return _penalise(logits, count, s)
+
+    return lax.cond(_active(s, ctx), penalise, lambda: logits)  # skip two passes over V when off
 
   return Stage("penalties", _settings(repeat, frequency, presence, last_n), on_candidates, on_row, before_cut=True)

@@ -159,6 +159,7 @@ def min_p(p: float = 0.05) -> Stage:
     )
 
   def on_row(logits: jax.Array, s: dict, ctx: Context) -> jax.Array:
-    return jnp.where(logits >= threshold(logits, s), logits, -jnp.inf)
+    cut = lambda: jnp.where(logits >= threshold(logits, s), logits, -jnp.inf)  # noqa: E731
+    return lax.cond(s["min_p"] > 0, cut, lambda: logits)
 
   return Stage("min_p", (setting,), on_candidates, on_row)
