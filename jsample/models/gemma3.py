@@ -10,6 +10,10 @@ The cache holds, per layer, the keys and values of past positions in a ring: pos
 ``p % S``, where ``S`` is the cache length for global layers and ``min(512, S)`` for sliding ones. A decode step
 writes one slot per layer and attends over a fixed-size cache, so its cost does not grow with the position.
 A prompt is run in one call (:func:`prefill`), which fills the cache.
+
+The layers' weights are stacked, sliding and global apart (``[15, ...]`` and ``[3, ...]``), and each run of
+sliding layers is a ``fori_loop`` that indexes its layer's weights: one compiled layer body per kind, and no copy
+of a whole group's weights per iteration as a nested ``scan`` would make.
 """
 
 import dataclasses
@@ -75,8 +79,8 @@ class Cache(NamedTuple):
   """Keys and values of past positions.
 
   Attributes:
-    local_k, local_v: ``[G, P - 1, B, S_local, KV, D]``, the sliding layers of each group.
-    global_k, global_v: ``[G, B, S, KV, D]``, the global layer of each group.
+    local_k, local_v: ``[N_local, B, S_local, KV, D]``, the sliding layers in order.
+    global_k, global_v: ``[N_global, B, S, KV, D]``, the global layers in order.
   """
 
   local_k: jax.Array
@@ -90,16 +94,13 @@ _LAYER += ("post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", 
 
 
 def params_from(tensors: dict[str, np.ndarray], config: Config) -> dict[str, np.ndarray]:
-  """GGUF tensors in the forward pass's layout, flat: ``local.NAME`` ``[G, P - 1, ...]``, ``global.NAME`` ``[G, ...]``,
-  ``embed`` and ``final_norm``."""
+  """GGUF tensors in the forward pass's layout, flat: ``local.NAME`` ``[N_local, ...]`` and ``global.NAME``
+  ``[N_global, ...]`` (layers in order), ``embed`` and ``final_norm``."""
   is_global = np.arange(config.layers) % config.pattern == config.pattern - 1
-  shape = (config.groups, config.pattern - 1)
   flat = {"embed": tensors["token_embd.weight"], "final_norm": tensors["output_norm.weight"]}
   for name in _LAYER:
     layers = [tensors[f"blk.{i}.{name}.weight"] for i in range(config.layers)]
-    flat[f"local.{name}"] = np.stack([a for a, g in zip(layers, is_global, strict=True) if not g]).reshape(
-      shape + layers[0].shape
-    )
+    flat[f"local.{name}"] = np.stack([a for a, g in zip(layers, is_global, strict=True) if not g])
     flat[f"global.{name}"] = np.stack([a for a, g in zip(layers, is_global, strict=True) if g])
   return flat
 
@@ -144,7 +145,7 @@ def load(cache=None) -> tuple[Gemma3, dict]:
   def arrange(file: weights_lib.Model) -> weights_lib.Model:
     return file._replace(tensors=params_from(file.tensors, _config(file)))
 
-  file = weights_lib.gemma3_270m(cache, arrange=arrange, layout="jax")
+  file = weights_lib.gemma3_270m(cache, arrange=arrange, layout="jax-stacked")
   params = jax.tree.map(jnp.asarray, _nest(file.tensors))
   return Gemma3(_config(file), params), {"metadata": file.metadata, "vocabulary": file.vocabulary}
 
@@ -219,40 +220,92 @@ def _embed(params: dict, tokens: jax.Array, c: Config) -> jax.Array:
   return params["embed"][tokens] * jnp.float32(np.sqrt(c.width))
 
 
-def logits_of(params: dict, x: jax.Array, c: Config) -> jax.Array:
-  """Next-token logits ``[..., V]`` float32 from final hidden states ``[..., width]``."""
-  return _linear(_rms_norm(x, params["final_norm"], c.eps), params["embed"])
+def logits_of(model: Gemma3, x: jax.Array) -> jax.Array:
+  """Next-token logits ``[..., V]`` float32 from final hidden states ``[..., width]`` (the output layer is the
+  embedding)."""
+  return _linear(_rms_norm(x, model.params["final_norm"], model.config.eps), model.params["embed"])
+
+
+# -- the layer loop ----------------------------------------------------------------------------------------------
+
+
+def _layers(model: Gemma3, x: jax.Array, positions: jax.Array, cache, attend):
+  """Runs every layer on ``x`` ``[B, L, width]`` at ``positions`` ``[B, L]``.
+
+  ``attend(kind, index, q, k, v, cache) -> (attended [B, L, H * D], cache)`` does the attention of the
+  ``index``-th layer of its ``kind`` (``"local"`` or ``"global"``) and whatever it keeps in ``cache``.
+  """
+  params, c = model.params, model.config
+  per_group = c.pattern - 1
+
+  def layer(kind, p, index, x, cache):
+    q, k, v = _qkv(p, x, positions, c.rope_global if kind == "global" else c.rope_local, c)
+    attended, cache = attend(kind, index, q, k, v, cache)
+    return _finish_layer(p, x, attended, c), cache
+
+  for g in range(c.groups):
+
+    def local(i, carry, g=g):
+      index = g * per_group + i
+      p = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, index, keepdims=False), params["local"])
+      return layer("local", p, index, *carry)
+
+    x, cache = jax.lax.fori_loop(0, per_group, local, (x, cache))
+    x, cache = layer("global", jax.tree.map(lambda a, g=g: a[g], params["global"]), g, x, cache)
+  return x, cache
+
+
+def _set(cache: "Cache", kind: str, index, k: jax.Array, v: jax.Array) -> "Cache":
+  """``cache`` with layer ``index`` of ``kind`` replaced by ``k``, ``v`` (written in place inside the loop)."""
+  return cache._replace(
+    **{
+      f"{kind}_k": getattr(cache, f"{kind}_k").at[index].set(k),
+      f"{kind}_v": getattr(cache, f"{kind}_v").at[index].set(v),
+    }
+  )
 
 
 # -- whole sequences ---------------------------------------------------------------------------------------------
 
 
-def _sequence(params: dict, tokens: jax.Array, c: Config):
+def _ring(kv: jax.Array, lengths: jax.Array, size: int) -> jax.Array:
+  """One layer's keys or values ``[B, L, KV, D]`` of each row's prompt as a ring of ``size`` slots.
+
+  Slot ``s`` holds the latest prompt position ``p`` with ``p % size == s``; slots no position reached stay zero
+  (their position is negative, so no query sees them).
+  """
+  last = lengths[:, None] - 1
+  held = last - jnp.mod(last - jnp.arange(size, dtype=jnp.int32)[None], size)  # [B, S]
+  ring = jnp.take_along_axis(kv, jnp.clip(held, 0, kv.shape[1] - 1)[:, :, None, None], axis=1)
+  return jnp.where((held >= 0)[:, :, None, None], ring, 0.0)
+
+
+def sequence(model: Gemma3, tokens: jax.Array, lengths: jax.Array | None = None, size: int | None = None):
   """Runs ``tokens`` ``[B, L]`` (positions ``0..L-1``) through every layer, attending within the sequence.
 
+  Args:
+    model: the model.
+    tokens: ``[B, L]`` int32.
+    lengths: ``[B]`` int32 real lengths, for a cache (tokens past them are padding).
+    size: ``S``, the cache's length (static), or None for no cache.
+
   Returns:
-    final hidden states ``[B, L, width]`` and the keys and values of every layer, laid out as :class:`Cache`
-    with the sequence in place of the cache slots.
+    ``(hidden, cache)``: final hidden states ``[B, L, width]``, and the :class:`Cache` of ``size`` positions
+    that :func:`decode` continues from (None without ``size``).
   """
+  c = model.config
   b, n = tokens.shape
-  positions = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
-  local_visible = _visible(positions, positions, c.window)
-  global_visible = _visible(positions, positions, None)
+  positions = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32)[None], (b, n))
+  visible = {"local": _visible(positions, positions, c.window), "global": _visible(positions, positions, None)}
+  cache = None if size is None else empty_cache(c, b, size)
 
-  def layer(x, p, base, visible):
-    q, k, v = _qkv(p, x, positions, base, c)
-    return _finish_layer(p, x, _attend(q, k, v, visible), c), (k, v)
+  def attend(kind, index, q, k, v, cache):
+    if cache is not None:
+      ring = getattr(cache, f"{kind}_k").shape[2]
+      cache = _set(cache, kind, index, _ring(k, lengths, ring), _ring(v, lengths, ring))
+    return _attend(q, k, v, visible[kind]), cache
 
-  def local(x, p):
-    return layer(x, p, c.rope_local, local_visible)
-
-  def group(x, p):
-    x, local_kv = jax.lax.scan(local, x, p["local"])
-    x, global_kv = layer(x, p["global"], c.rope_global, global_visible)
-    return x, (local_kv, global_kv)
-
-  x, ((lk, lv), (gk, gv)) = jax.lax.scan(group, _embed(params, tokens, c), {k: params[k] for k in ("local", "global")})
-  return x, Cache(lk, lv, gk, gv)
+  return _layers(model, _embed(model.params, tokens, c), positions, cache, attend)
 
 
 def forward(model: Gemma3, tokens: jax.Array) -> jax.Array:
@@ -263,22 +316,13 @@ def forward(model: Gemma3, tokens: jax.Array) -> jax.Array:
     model, _ = load()
     logits = jax.jit(forward)(model, jnp.array([[2, 818, 5279]]))  # [1, 3, 262144]
   """
-  x, _ = _sequence(model.params, tokens, model.config)
-  return logits_of(model.params, x, model.config)
+  x, _ = sequence(model, tokens)
+  return logits_of(model, x)
 
 
-def _ring(kv: jax.Array, lengths: jax.Array, size: int) -> jax.Array:
-  """The keys or values ``[..., B, L, KV, D]`` of each row's prompt as a ring of ``size`` slots ``[..., B, S, KV, D]``.
-
-  Slot ``s`` holds the latest prompt position ``p`` with ``p % size == s``; slots no position reached stay zero
-  (their position is negative, so no query sees them).
-  """
-  last = lengths[:, None] - 1
-  held = last - jnp.mod(last - jnp.arange(size, dtype=jnp.int32)[None], size)  # [B, S]
-  index = jnp.clip(held, 0, kv.shape[-3] - 1)[..., None, None]
-  ring = jnp.take_along_axis(kv, jnp.broadcast_to(index, kv.shape[:-3] + index.shape[-3:]), axis=-3)
-  written = (held >= 0).reshape((1,) * (kv.ndim - 4) + held.shape + (1, 1))
-  return jnp.where(written, ring, 0.0)
+def last(x: jax.Array, lengths: jax.Array) -> jax.Array:
+  """Each row's hidden state ``[B, width]`` at its last real position, from ``x`` ``[B, L, width]``."""
+  return jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0]
 
 
 def prefill(model: Gemma3, tokens: jax.Array, lengths: jax.Array, size: int) -> tuple[jax.Array, Cache]:
@@ -293,18 +337,15 @@ def prefill(model: Gemma3, tokens: jax.Array, lengths: jax.Array, size: int) -> 
   Returns:
     ``(logits, cache)``: the next-token logits ``[B, V]`` after each prompt's last token, and the cache.
   """
-  c = model.config
-  x, kv = _sequence(model.params, tokens, c)
-  last = jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0]
-  local = min(c.window, size)
-  cache = Cache(*(_ring(a, lengths, s) for a, s in zip(kv, (local, local, size, size), strict=True)))
-  return logits_of(model.params, last, c), cache
+  x, cache = sequence(model, tokens, lengths, size)
+  return logits_of(model, last(x, lengths)), cache
 
 
 def empty_cache(config: Config, batch: int, size: int) -> Cache:
   """A cache of ``size`` positions for ``batch`` rows, all slots empty."""
-  local = (config.groups, config.pattern - 1, batch, min(config.window, size), config.kv_heads, config.head_dim)
-  glob = (config.groups, batch, size, config.kv_heads, config.head_dim)
+  n_global = config.groups
+  local = (config.layers - n_global, batch, min(config.window, size), config.kv_heads, config.head_dim)
+  glob = (n_global, batch, size, config.kv_heads, config.head_dim)
   return Cache(jnp.zeros(local), jnp.zeros(local), jnp.zeros(glob), jnp.zeros(glob))
 
 
@@ -327,30 +368,20 @@ def decode(model: Gemma3, token: jax.Array, position: jax.Array, cache: Cache) -
     ``(logits [B, V], cache)``.
   """
   c = model.config
-  local_size, size = cache.local_k.shape[3], cache.global_k.shape[2]
   rows = jnp.arange(token.shape[0])
   q_pos = position[:, None]
-  local_visible = _visible(q_pos, _slot_positions(position, local_size), c.window)
-  global_visible = _visible(q_pos, _slot_positions(position, size), None)
+  sizes = {"local": cache.local_k.shape[2], "global": cache.global_k.shape[2]}
+  visible = {
+    "local": _visible(q_pos, _slot_positions(position, sizes["local"]), c.window),
+    "global": _visible(q_pos, _slot_positions(position, sizes["global"]), None),
+  }
 
-  def layer(x, p, k_cache, v_cache, base, visible):
-    q, k, v = _qkv(p, x, q_pos, base, c)
-    slot = jnp.mod(position, k_cache.shape[1])
-    k_cache = k_cache.at[rows, slot].set(k[:, 0])
-    v_cache = v_cache.at[rows, slot].set(v[:, 0])
-    return _finish_layer(p, x, _attend(q, k_cache, v_cache, visible), c), (k_cache, v_cache)
+  def attend(kind, index, q, k, v, cache):
+    slot = jnp.mod(position, sizes[kind])
+    k_all = getattr(cache, f"{kind}_k").at[index, rows, slot].set(k[:, 0])
+    v_all = getattr(cache, f"{kind}_v").at[index, rows, slot].set(v[:, 0])
+    cache = cache._replace(**{f"{kind}_k": k_all, f"{kind}_v": v_all})
+    return _attend(q, k_all[index], v_all[index], visible[kind]), cache
 
-  def local(x, xs):
-    p, k_cache, v_cache = xs
-    return layer(x, p, k_cache, v_cache, c.rope_local, local_visible)
-
-  def group(x, xs):
-    p, lk, lv, gk, gv = xs
-    x, local_kv = jax.lax.scan(local, x, (p["local"], lk, lv))
-    x, global_kv = layer(x, p["global"], gk, gv, c.rope_global, global_visible)
-    return x, (local_kv, global_kv)
-
-  groups = {k: model.params[k] for k in ("local", "global")}
-  x = _embed(model.params, token[:, None], c)
-  x, ((lk, lv), (gk, gv)) = jax.lax.scan(group, x, (groups, *cache))
-  return logits_of(model.params, x[:, 0], c), Cache(lk, lv, gk, gv)
+  x, cache = _layers(model, _embed(model.params, token[:, None], c), q_pos, cache, attend)
+  return logits_of(model, x[:, 0]), cache
