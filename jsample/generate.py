@@ -65,11 +65,15 @@ class Stats:
       >>> print(stats.report())  # doctest: +ELLIPSIS
       prompt 10 tokens at 20.0 tokens/s; generation 5 tokens, 4 steps of 50.0 ms = 20.0 tokens/s; sampler 5.00 ms = ...
     """
-    step = self.decode / self.steps if self.steps else float("nan")
+    if not self.prefill:
+      return f"stopped before the prompt ran ({self.prompt_tokens} tokens)"
+    line = f"prompt {self.prompt_tokens} tokens at {self.prompt_tokens / self.prefill:.1f} tokens/s; "
+    line += f"generation {self.batch * (self.steps + 1)} tokens"
+    if not self.steps:
+      return line + " (the prompt's call only)"
+    step = self.decode / self.steps
     return (
-      f"prompt {self.prompt_tokens} tokens at {self.prompt_tokens / self.prefill:.1f} tokens/s; "
-      f"generation {self.batch * (self.steps + 1)} tokens, {self.steps} steps of {step * 1e3:.1f} ms = "
-      f"{self.batch / step:.1f} tokens/s; "
+      line + f", {self.steps} steps of {step * 1e3:.1f} ms = {self.batch / step:.1f} tokens/s; "
       f"sampler {self.sampler * 1e3:.2f} ms = {100 * self.sampler / step:.1f}% of a step"
     )
 
@@ -227,13 +231,18 @@ def main(argv=None) -> int:
   except MissingExtra as error:
     print(f"jsample generate: {error}", file=sys.stderr)
     return 1
+  except KeyboardInterrupt:  # the cache is written atomically: nothing half-written stays behind
+    print("[interrupted while loading]", file=sys.stderr)
+    return 130
   loaded = time.perf_counter() - start
   gen = Generator(text)
   prompts = [args.prompt] * args.batch
   try:
-    gen.encode(prompts[:1])
+    (ids,) = gen.encode(prompts[:1])
   except ValueError as error:
     cli.error(str(error))
+  if len(ids) + args.max_tokens > CONTEXT:
+    print(f"[the context ends after {CONTEXT - len(ids)} new tokens: it holds {CONTEXT}]", file=sys.stderr)
   print(f"[loaded Gemma 3 270M in {loaded:.1f} s; compiling]", file=sys.stderr, flush=True)
 
   tokenizer = text.tokenizer
@@ -261,5 +270,6 @@ def main(argv=None) -> int:
   if interrupted:
     print("[interrupted]", file=sys.stderr)
   stats = gen.stats
-  print(f"[compiled in {stats.compile:.1f} s; {stats.report()}]", file=sys.stderr)
+  compiled = f"compiled in {stats.compile:.1f} s; " if stats.compile else ""
+  print(f"[{compiled}{stats.report()}]", file=sys.stderr)
   return 130 if interrupted else 0
