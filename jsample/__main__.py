@@ -183,9 +183,10 @@ def cli(argv=None) -> int:
   """The ``jsample`` command: ``generate ...``, or ``[demo] ...`` for :func:`main`."""
   argv = sys.argv[1:] if argv is None else list(argv)
   if argv[:1] == ["generate"]:
-    from jsample.generate import main as generate
+    from jsample import generate
 
-    return generate(argv[1:])
+    generate.keep_compiled_programs()
+    return generate.main(argv[1:])
   return main(argv[1:] if argv[:1] == ["demo"] else argv)
 
 

@@ -207,7 +207,19 @@ def parser() -> argparse.ArgumentParser:
   return p
 
 
+def keep_compiled_programs() -> None:
+  """Makes JAX keep compiled programs next to the cached weights, so a second run skips most of the compile time.
+
+  The ``jsample`` command calls it; it changes JAX's global configuration, so library code does not.
+  """
+  from jsample.models.weights import cache_root
+
+  jax.config.update("jax_compilation_cache_dir", str(cache_root() / "xla"))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
 def main(argv=None) -> int:
+  """``jsample generate``; returns the exit status (130 after Ctrl-C)."""
   cli = parser()
   args = cli.parse_args(argv)
   if args.max_tokens < 1 or args.batch < 1:
@@ -220,11 +232,8 @@ def main(argv=None) -> int:
     cli.error(str(error))
 
   from jsample.models import text as text_lib
-  from jsample.models.weights import MissingExtra, cache_root
+  from jsample.models.weights import MissingExtra
 
-  # Compiled programs persist next to the weights, so a second run skips most of the compile time.
-  jax.config.update("jax_compilation_cache_dir", str(cache_root() / "xla"))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
   start = time.perf_counter()
   try:
     text = text_lib.gemma3_270m()
