@@ -1,4 +1,7 @@
-"""``python -m jsample``: what a sampling chain does to one row of logits.
+"""``jsample``: ``jsample generate`` (Gemma 3 270M writes text) and ``jsample demo`` (this module's default).
+
+``jsample demo``, also ``python -m jsample`` with no subcommand, shows what a sampling chain does to one row of
+logits.
 
 Builds a Zipf-shaped row, applies each stage's full-vocabulary function (``on_row``) in chain order and prints,
 per stage, how many tokens survive, the entropy of the softmax over them, and the best survivor. Then it draws a
@@ -10,6 +13,7 @@ Examples:
 """
 
 import argparse
+import sys
 import time
 
 import jax
@@ -38,6 +42,11 @@ one batched jitted call) and the ten most frequent tokens: count, frequency, and
 under the on_row chain."""
 
 
+EPILOG = """\
+jsample generate [PROMPT] [...] instead runs Gemma 3 270M (the gemma extra) and streams its
+text: see jsample generate --help."""
+
+
 def token_ids(text: str) -> list[int]:
   """Parses comma-separated token ids."""
   return [int(t) for t in text.split(",") if t.strip()]
@@ -45,7 +54,7 @@ def token_ids(text: str) -> list[int]:
 
 def parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
-    prog="python -m jsample", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    prog="jsample [demo]", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
   )
   p.add_argument("--recipe", choices=sorted(RECIPES), default="gemma", help="the chain and its defaults (gemma)")
   p.add_argument("--vocab", type=int, default=262144, help="V, the row's width (262144, Gemma's vocabulary)")
@@ -170,5 +179,16 @@ def main(argv=None) -> int:
   return 0
 
 
+def cli(argv=None) -> int:
+  """The ``jsample`` command: ``generate ...``, or ``[demo] ...`` for :func:`main`."""
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if argv[:1] == ["generate"]:
+    from jsample import generate
+
+    generate.keep_compiled_programs()
+    return generate.main(argv[1:])
+  return main(argv[1:] if argv[:1] == ["demo"] else argv)
+
+
 if __name__ == "__main__":
-  raise SystemExit(main())
+  raise SystemExit(cli())

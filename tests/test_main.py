@@ -57,3 +57,18 @@ def test_bad_setting_is_a_usage_error(capsys):
   with pytest.raises(SystemExit):
     main(["--vocab", str(VOCAB), "--top-p", "1.5"])
   assert "top_p" in capsys.readouterr().err
+
+
+def test_jsample_command_dispatches(capsys, monkeypatch):
+  from jsample import generate
+  from jsample.__main__ import cli
+
+  kept = []
+  monkeypatch.setattr(generate, "keep_compiled_programs", lambda: kept.append(True))  # JAX's config stays as is
+
+  assert cli(["demo", "--vocab", str(VOCAB), "--temperature", "0"]) == 0
+  assert "draw: token" in capsys.readouterr().out
+  with pytest.raises(SystemExit) as exit_:
+    cli(["generate", "--help"])
+  assert exit_.value.code == 0 and kept == [True]
+  assert "--max-tokens" in capsys.readouterr().out

