@@ -138,14 +138,15 @@ def _race(logits, ids, words):
   return jnp.where(valid, token, 0), valid, best
 
 
-def race_row(logits: jax.Array, words: jax.Array, groups_read: int = 16):
+def race_row(logits: jax.Array, words: jax.Array, groups_read: int = 128):
   """:func:`race` over a whole row ``[V]`` (ids ``0..V-1``), hashing a few groups only.
 
-  No token of a group scores above the group's best logit plus the group's
-  largest noise, which one hash gives (see :func:`gumbel`). The race runs
-  over the ``groups_read`` groups with the highest such bounds; if its winner
-  beats the bound of every other group, it is the winner of the whole row.
-  Otherwise (rare) the race runs over every token.
+  One hash per group gives the group's largest noise and the member that
+  holds it (see :func:`gumbel`), so the leader's score is known exactly, and
+  no member scores above the group's best logit plus that noise. Only groups
+  whose bound reaches the best leader's score can hold the winner; the race
+  runs over those. If there are more than ``groups_read`` of them (rare), it
+  runs over every token.
   """
   (vocab,) = logits.shape
   groups = -(-vocab // GROUP)
@@ -154,9 +155,11 @@ def race_row(logits: jax.Array, words: jax.Array, groups_read: int = 16):
     return race(logits, ids, words)
   padded = logits if groups * GROUP == vocab else jnp.pad(logits, (0, groups * GROUP - vocab), constant_values=-jnp.inf)
   padded = padded.reshape(groups, GROUP)
-  top, _ = _group(words, jnp.arange(groups, dtype=jnp.int32))
-  bounds, chosen = lax.top_k(jnp.max(padded, axis=1) + top, groups_read + 1)
-  read = chosen[:groups_read]
+  top, leader = _group(words, jnp.arange(groups, dtype=jnp.int32))
+  floor = jnp.max(jnp.take_along_axis(padded, leader[:, None], axis=1)[:, 0] + top)
+  contenders = jnp.max(padded, axis=1) + top >= floor
+  (read,) = jnp.nonzero(contenders, size=groups_read, fill_value=0)  # repeats of group 0 change nothing
   read_ids = (read[:, None] * GROUP + jnp.arange(GROUP, dtype=jnp.int32)[None, :]).reshape(-1)
-  token, valid, best = _race(padded[read].reshape(-1), read_ids, words)
-  return lax.cond(best > bounds[groups_read], lambda: (token, valid), lambda: race(logits, ids, words))
+  token, valid = race(padded[read].reshape(-1), read_ids, words)
+  settled = (jnp.sum(contenders) <= groups_read) & (floor > -jnp.inf)
+  return lax.cond(settled, lambda: (token, valid), lambda: race(logits, ids, words))
