@@ -159,6 +159,16 @@ def plot(results: list[dict], path: Path) -> bool:
   return True
 
 
+def _cpu_name() -> str:
+  try:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("model name"):
+        return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor()
+
+
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
   p.add_argument("--quick", action="store_true", help="V=262144, B=64, float32, real and flat rows only")
@@ -203,7 +213,7 @@ def main(argv=None) -> None:
   stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%MZ")
   meta = dict(
     date=stamp,
-    machine=f"{platform.machine()} {platform.processor() or ''} {jax.devices()[0].device_kind}".strip(),
+    machine=f"{platform.machine()} {_cpu_name()} {jax.devices()[0].device_kind}",
     cpus=jax.local_device_count() if jax.default_backend() != "cpu" else __import__("os").cpu_count(),
     jax=jax.__version__,
     backend=jax.default_backend(),
