@@ -63,8 +63,15 @@ def _check_setting(setting: Setting, value) -> None:
     raise ValueError(f"{setting.name}: must be finite; got {value!r}")
   if setting.dtype == jnp.int32 and not np.all(np.mod(v, 1) == 0):
     raise ValueError(f"{setting.name}: must be an integer; got {value!r}")
-  if not np.all(setting.valid(v)):
-    raise ValueError(f"{setting.name}: must be {setting.allowed}; got {value!r}")
+  # The state holds the value in the setting's dtype: check what it will hold
+  # (1e39 overflows float32, 1e-50 rounds to 0, 2**40 wraps in int32).
+  info = np.iinfo(np.int32) if setting.dtype == jnp.int32 else np.finfo(np.float32)
+  if np.any(v < info.min) or np.any(v > info.max):
+    raise ValueError(f"{setting.name}: must fit in {np.dtype(setting.dtype).name}; got {value!r}")
+  stored = v.astype(setting.dtype)
+  if not np.all(setting.valid(stored)):
+    held = f", which {np.dtype(setting.dtype).name} holds as {stored.tolist()}" if np.all(setting.valid(v)) else ""
+    raise ValueError(f"{setting.name}: must be {setting.allowed}; got {value!r}{held}")
 
 
 def _as_prompt(prompt) -> np.ndarray | jax.Array:
