@@ -5,6 +5,8 @@ in-range result (``Draw.valid`` says whether anything survived): never NaN,
 never a crash, never an id outside ``[0, V)``.
 """
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -42,3 +44,109 @@ def test_extreme_settings_that_fit_are_kept_exactly():
   assert int(state.settings["top_k"]) == -(2**31)
   assert float(state.settings["temperature"]) == F32_MAX
   assert float(state.settings["repeat_penalty"]) > 0
+
+
+# -- settings out of range under jit ----------------------------------------------
+#
+# init rejects these, but a traced state can hold anything. Each row holds one
+# bad value; it must sample exactly like a row with the value it is defined to
+# act as.
+
+WINDOW = 8
+V = 16
+NAN, INF = float("nan"), float("inf")
+BASE = dict(temperature=1.0, top_k=0, top_p=0.9, min_p=0.05, repeat_penalty=1.3, frequency_penalty=0.2)
+PENALTIES_OFF = dict(repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0)
+TRACED = [
+  (dict(repeat_penalty=0.0), PENALTIES_OFF),
+  (dict(repeat_penalty=NAN), PENALTIES_OFF),
+  (dict(repeat_penalty=-1.0), PENALTIES_OFF),
+  (dict(repeat_penalty=INF), PENALTIES_OFF),
+  (dict(frequency_penalty=NAN), PENALTIES_OFF),
+  (dict(frequency_penalty=-INF), PENALTIES_OFF),
+  (dict(presence_penalty=-INF), PENALTIES_OFF),
+  (dict(presence_penalty=INF), PENALTIES_OFF),
+  (dict(temperature=NAN), dict(temperature=0.0)),
+  (dict(temperature=-INF), dict(temperature=0.0)),
+  (dict(top_p=NAN), dict(top_p=1.0)),
+  (dict(top_p=INF), dict(top_p=1.0)),
+  (dict(top_p=-1.0), dict(top_p=1e-30)),  # keeps the best token
+  (dict(top_p=0.0), dict(top_p=1e-30)),
+  (dict(min_p=NAN), dict(min_p=0.0)),
+  (dict(min_p=-INF), dict(min_p=0.0)),
+  (dict(min_p=INF), dict(min_p=1.0)),
+  (dict(min_p=7.0), dict(min_p=1.0)),
+  (dict(penalty_last_n=-7), dict(penalty_last_n=-1)),
+  (dict(penalty_last_n=1000), dict(penalty_last_n=WINDOW)),
+  (dict(top_k=2**31 - 1), dict(top_k=0)),
+]
+
+
+def with_rows(sampler, state, per_row: list[dict]):
+  """``state`` with row ``i``'s settings overridden by ``per_row[i]``, unchecked (as under jit)."""
+  settings = {name: np.array(value) for name, value in state.settings.items()}
+  for i, values in enumerate(per_row):
+    for name, value in values.items():
+      settings[name][i] = value
+  return state._replace(settings={name: jnp.asarray(v) for name, v in settings.items()})
+
+
+def traced_cases(recipe, cases):
+  sampler = recipe(window=WINDOW, candidates=4)
+  rng = np.random.default_rng(0)
+  x = (3 * rng.normal(size=(len(cases), V))).astype(np.float32)
+  best = np.argsort(-x, axis=1)[:, :3]
+  state = sampler.init(seed=np.arange(len(cases)), prompt=np.concatenate([best, best[:, :1]], axis=1), **BASE)
+  bad = with_rows(sampler, state, [case for case, _ in cases])
+  good = with_rows(sampler, state, [equivalent for _, equivalent in cases])
+  return sampler, jnp.asarray(x), bad, good
+
+
+@pytest.mark.parametrize("recipe", [jsample.llama_cpp, jsample.hf])
+def test_traced_settings_out_of_range_act_as_documented(recipe):
+  sampler, x, bad, good = traced_cases(recipe, TRACED)
+  probs, draw = jax.jit(sampler.probs), jax.jit(sampler.draw)
+  got = np.asarray(probs(x, bad))
+  assert np.all(np.isfinite(got))
+  np.testing.assert_allclose(got.sum(-1), 1.0, atol=1e-5)
+  np.testing.assert_allclose(got, probs(x, good), atol=1e-6)
+  drawn, _ = draw(x, bad)
+  assert np.all(np.asarray(drawn.valid)) and np.all(np.isfinite(drawn.logprob))
+  np.testing.assert_array_equal(drawn.token, draw(x, good)[0].token)
+
+
+# -- logits the penalties push out of range --------------------------------------
+
+
+def test_penalties_never_push_a_logit_to_infinity_or_nan():
+  """Row 0: a +inf logit (the largest float) divided by a repeat penalty below 1.
+  Row 1: a presence penalty of -3e38 on a logit of 3e38. Row 2: a frequency penalty
+  of -3e38 seen twice (-inf) on a masked token, which must stay masked. Rows 3-4:
+  a repeat penalty of 1e-38 and a frequency penalty of 3e38 seen twice (inf - inf)."""
+  sampler = jsample.llama_cpp(window=WINDOW, candidates=4)
+  x = np.tile(np.linspace(2.0, -2.0, V, dtype=np.float32), (5, 1))
+  x[0, 5] = np.inf
+  x[1, 5] = 3e38
+  x[2, 5] = -np.inf
+  x[3, 5] = 1.0
+  x[4, 5] = 100.0
+  state = sampler.init(
+    seed=np.arange(5),
+    prompt=[[5], [5], [5, 5], [5, 5], [5, 5]],
+    repeat_penalty=[0.5, 1.0, 1.0, 1e-38, 1e-38],
+    frequency_penalty=[0.0, 0.0, -3e38, 3e38, 0.0],
+    presence_penalty=[0.0, -3e38, 0.0, 0.0, 0.0],
+    top_k=0,
+    top_p=1.0,
+    min_p=0.0,
+    temperature=1.0,
+  )
+  probs = np.asarray(jax.jit(sampler.probs)(jnp.asarray(x), state))
+  drawn, _ = jax.jit(sampler.draw)(jnp.asarray(x), state)
+  assert np.all(np.isfinite(probs)) and np.all(np.isfinite(drawn.logprob))
+  np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-5)
+  assert np.all(np.asarray(drawn.valid))
+  np.testing.assert_array_equal(drawn.token[:2], [5, 5])  # the raised token is certain
+  assert probs[2, 5] == 0  # masked stays masked
+  assert probs[3, 5] == 0  # inf - inf counts as removed
+  assert probs[4, 5] == 1  # 1 / 1e-38 stops at the largest float: certain
