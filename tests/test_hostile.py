@@ -103,6 +103,22 @@ def traced_cases(recipe, cases):
 
 
 @pytest.mark.parametrize("recipe", [jsample.llama_cpp, jsample.hf])
+def test_traced_infinite_temperature_is_uniform_over_the_survivors(recipe):
+  cases = [(dict(temperature=INF, top_p=p), dict(temperature=1.0, top_p=p)) for p in (1.0, 0.9, 0.5, 1e-30)]
+  sampler, x, bad, good = traced_cases(recipe, cases)
+  got = np.asarray(jax.jit(sampler.probs)(x, bad))
+  survivors = np.asarray(jax.jit(sampler.probs)(x, good)) > 0
+  if recipe is jsample.llama_cpp:  # temperature last: truncation saw the untempered row
+    expected = survivors / survivors.sum(-1, keepdims=True)
+  else:  # temperature first: every token ties, top-p keeps the crossing prefix of ids
+    expected = got > 0
+    expected = expected / expected.sum(-1, keepdims=True)
+  np.testing.assert_allclose(got, expected, atol=1e-6)
+  drawn, _ = jax.jit(sampler.draw)(x, bad)
+  assert np.all(np.asarray(drawn.valid)) and np.all(np.isfinite(drawn.logprob))
+
+
+@pytest.mark.parametrize("recipe", [jsample.llama_cpp, jsample.hf])
 def test_traced_settings_out_of_range_act_as_documented(recipe):
   sampler, x, bad, good = traced_cases(recipe, TRACED)
   probs, draw = jax.jit(sampler.probs), jax.jit(sampler.draw)

@@ -10,7 +10,8 @@ from jsample._src.stage import Candidates, Context, Setting, Stage
 def _scale(logits: jax.Array, best: jax.Array, t: jax.Array) -> jax.Array:
   # Shifting by the best logit first keeps (logit - best) / t finite for tiny t.
   shifted = jnp.where(best > -jnp.inf, logits - best, logits)
-  return shifted / jnp.where(t > 0, t, 1.0)
+  # Removed tokens stay -inf: a traced t = +inf would make them -inf / inf = NaN.
+  return jnp.where(logits > -jnp.inf, shifted / jnp.where(t > 0, t, 1.0), -jnp.inf)
 
 
 def temperature(t: float = 0.8) -> Stage:
