@@ -166,3 +166,21 @@ def test_penalties_never_push_a_logit_to_infinity_or_nan():
   assert probs[2, 5] == 0  # masked stays masked
   assert probs[3, 5] == 0  # inf - inf counts as removed
   assert probs[4, 5] == 1  # 1 / 1e-38 stops at the largest float: certain
+
+
+# -- +inf logits: the largest float ------------------------------------------------
+
+
+@pytest.mark.parametrize("stages", [(), (jsample.top_k(0),), (jsample.min_p(0.5), jsample.temperature(1.0))], ids=str)
+def test_several_positive_infinities_share_the_draw(stages):
+  """+inf is the largest float, so +inf tokens tie: each is drawn equally often,
+  whatever the chain; near that float, log Σ exp rounds to the largest logit."""
+  sampler = jsample.chain(*stages)
+  x = jnp.array([np.inf, 1.0, np.inf, F32_MAX, -np.inf, np.inf])
+  probs = np.asarray(sampler.probs(x, sampler.init(seed=0)))
+  np.testing.assert_allclose(probs, [0.25, 0, 0.25, 0.25, 0, 0.25], atol=1e-7)
+  draw = jax.jit(jax.vmap(lambda state: sampler.draw(x, state)[0]))
+  drawn = draw(sampler.init(seed=np.arange(400)))
+  np.testing.assert_allclose(drawn.logprob, np.log(0.25), rtol=1e-6)
+  counts = np.bincount(np.asarray(drawn.token), minlength=6)
+  assert counts[[1, 4]].sum() == 0 and counts.min(initial=400, where=probs > 0) > 60, counts

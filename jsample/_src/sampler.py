@@ -502,12 +502,21 @@ def _merge(ok: jax.Array, fast, slow):
   return jax.tree.map(lambda a, b: jnp.where(ok.reshape(ok.shape + (1,) * (a.ndim - 1)), a, b), fast, full)
 
 
+def _relative(logits: jax.Array) -> jax.Array:
+  """The logits minus the best one. Near the largest float, ``best + log Σ exp``
+  rounds to ``best``: ties there (several +inf tokens) would each get mass 1."""
+  best = jnp.max(logits)
+  return logits - jnp.where(best > -jnp.inf, best, 0.0)
+
+
 def _softmax(logits: jax.Array) -> jax.Array:
   """Probabilities of the survivors; all zero when nothing survives."""
-  return jnp.where(logits > -jnp.inf, jnp.exp(logits - logsumexp(logits)), 0.0)
+  e = jnp.where(logits > -jnp.inf, jnp.exp(_relative(logits)), 0.0)
+  return e / jnp.maximum(jnp.sum(e), 1.0)  # the best survivor alone adds 1
 
 
 def _finish(logits: jax.Array, ids: jax.Array, words: jax.Array) -> Draw:
+  logits = _relative(logits)
   token, valid = noise.race(logits, ids, words)
   chosen = jnp.max(jnp.where(ids == token, logits, -jnp.inf))
   return Draw(token, valid, jnp.where(valid, chosen - logsumexp(logits), 0.0))
