@@ -2,18 +2,17 @@
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jsample._src.stage import Candidates, Context, Setting, Stage
 
 
 def _finite(v):
-  return np.isfinite(v)
+  return jnp.isfinite(v)
 
 
 def _settings(repeat, frequency, presence, last_n):
   return (
-    Setting("repeat_penalty", repeat, jnp.float32, lambda v: np.isfinite(v) & (v > 0), "finite and > 0"),
+    Setting("repeat_penalty", repeat, jnp.float32, lambda v: jnp.isfinite(v) & (v > 0), "finite and > 0"),
     Setting("frequency_penalty", frequency, jnp.float32, _finite, "finite"),
     Setting("presence_penalty", presence, jnp.float32, _finite, "finite"),
     Setting("penalty_last_n", last_n, jnp.int32, lambda v: v >= -1, ">= -1 (-1: the whole window)"),

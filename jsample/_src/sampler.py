@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jsample._src import cut, masks, noise
+from jsample._src import checks, cut, masks, noise
 from jsample._src.stage import Candidates, Context, Setting, Stage, logsumexp, sort_candidates
 
 
@@ -144,12 +144,14 @@ class Sampler:
     candidates: ``K``, the candidate budget of the fast path (static). It
       changes speed only, never a token.
     vocab_size: ``V`` if known; then prompts and logits are checked against it.
+    checking: what :meth:`checked` turned on; None for an unchecked sampler.
   """
 
   stages: tuple[Stage, ...]
   window: int = 64
   candidates: int = 128
   vocab_size: int | None = None
+  checking: checks.Checks | None = None
 
   def __post_init__(self):
     if self.window < 0:
@@ -184,6 +186,41 @@ class Sampler:
   def settings(self) -> dict[str, Setting]:
     """Every setting of the chain, by name."""
     return {s.name: s for stage in self.stages for s in stage.settings}
+
+  def checked(self, *, nan: bool = True, empty: bool = True) -> "Sampler":
+    """This sampler, reporting as errors the bad values ``jit`` lets through.
+
+    Under ``jit`` nothing can raise on a traced value, so by default a bad one
+    gets a defined result (a repeat penalty of 0 turns penalties off, NaN counts
+    as ``-inf``, an empty row comes back with ``valid=False``). A checked
+    sampler states each such problem with :func:`jax.experimental.checkify.check`
+    instead: settings outside the ranges ``init`` enforces, window or prompt ids
+    outside ``[-1, V)``, accepted tokens outside ``[0, V)``, and optionally NaN
+    logits and rows where no token survives. Outside ``jit`` it raises at once;
+    under ``jit``, wrap the program in ``checkify.checkify`` and call
+    ``err.throw()`` on its result. The checks cost a few reductions per step.
+
+    Args:
+      nan: also report a NaN logit.
+      empty: also report a row where nothing survives.
+
+    Returns:
+      A :class:`Sampler` that draws the same tokens.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, jsample
+      >>> from jax.experimental import checkify
+      >>> sampler = jsample.llama_cpp().checked()
+      >>> @jax.jit
+      ... @checkify.checkify
+      ... def step(logits, state, top_p):
+      ...   state = sampler.configure(state, top_p=top_p)  # traced: no ValueError possible
+      ...   return sampler.pick(logits, state)
+      >>> err, (token, state) = step(jnp.zeros((2, 8)), sampler.init(seed=[1, 2]), jnp.array([0.9, 0.0]))
+      >>> print(err.get())  # err.throw() raises it  # doctest: +ELLIPSIS
+      top_p: must be in (0, 1]; row 1 holds 0.0 ...
+    """
+    return dataclasses.replace(self, checking=checks.Checks(nan=nan, empty=empty))
 
   # -- state ------------------------------------------------------------------
 
@@ -294,6 +331,8 @@ class Sampler:
     """
     prompt = _as_prompt(prompt)
     _check_tokens("prompt", prompt, self.vocab_size, lowest=-1)
+    if self.checking:
+      checks.tokens("prompt", prompt, self.vocab_size, lowest=-1)
     batched = state.position.ndim == 1
     if prompt.ndim == 2 and not batched:
       raise ValueError(f"prompt: a [B, L] prompt needs a batched state; got shape {prompt.shape}")
@@ -318,6 +357,8 @@ class Sampler:
     if not jnp.issubdtype(jnp.asarray(token).dtype, jnp.integer):
       raise ValueError(f"token: must be integer token ids; got dtype {jnp.asarray(token).dtype}")
     _check_tokens("token", token, self.vocab_size, lowest=0)
+    if self.checking:
+      checks.tokens("token", token, self.vocab_size, lowest=0)
     token = jnp.asarray(token, jnp.int32)
     if token.shape != state.position.shape:
       raise ValueError(f"token: must have shape {state.position.shape} to match the state; got {token.shape}")
@@ -372,6 +413,8 @@ class Sampler:
       return jax.vmap(_finish, in_axes=(0, None, 0))(full(), ids, words)
 
     drawn = _merge(ok, fast, slow)
+    if self.checking:
+      checks.drawn(self, drawn.valid)
     # A row where nothing survived still advances, with an empty window slot.
     accepted = jnp.where(drawn.valid, drawn.token, -1)
     window, position = jax.vmap(_accept)(state.window, state.position, accepted)
@@ -427,6 +470,8 @@ class Sampler:
     if mask is not None:
       mask = jnp.asarray(mask)
       masks.check(mask, logits.shape)
+    if self.checking:
+      checks.inputs(self, logits, state)
     single = logits.ndim == 1
     if single:
       logits, mask = logits[None], None if mask is None else mask[None]

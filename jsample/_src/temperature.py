@@ -2,7 +2,6 @@
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jsample._src.stage import Candidates, Context, Setting, Stage
 
@@ -35,7 +34,7 @@ def temperature(t: float = 0.8) -> Stage:
     >>> int(token)
     1
   """
-  setting = Setting("temperature", t, jnp.float32, np.isfinite, "finite (<= 0: greedy)")
+  setting = Setting("temperature", t, jnp.float32, jnp.isfinite, "finite (<= 0: greedy)")
 
   def on_candidates(c: Candidates, s: dict, ctx: Context) -> Candidates:
     t = s["temperature"]
