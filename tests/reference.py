@@ -30,6 +30,9 @@ def penalise(x: np.ndarray, window: list[int], repeat, frequency, presence, last
     logit = x[token]
     logit = logit * f32(repeat) if logit <= 0 else logit / f32(repeat)
     x[token] = logit - (f32(count) * f32(frequency) + f32(1.0) * f32(presence))
+  # jsample keeps the row's range: up to the largest float, inf - inf removed.
+  with np.errstate(invalid="ignore"):
+    x = np.where(np.isnan(x), -np.inf, np.minimum(x, np.finfo(np.float32).max))
   return x
 
 
