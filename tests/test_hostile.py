@@ -333,3 +333,27 @@ def test_traced_ids_outside_the_vocabulary_are_ignored():
   expected, _ = run(x, clean)
   np.testing.assert_allclose(probs, expected, atol=1e-7)
   assert np.asarray(probs)[0, best] < 1 / V  # the real id was penalised
+
+
+# -- known limits (README): each fails until it is lifted ---------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="top-p before temperature: log-sum-exp rounds at the largest float")
+def test_top_p_among_ties_at_the_largest_float():
+  sampler = jsample.llama_cpp(top_k=0, top_p=0.5, min_p=0.0, temperature=1.0)
+  x = jnp.array([np.inf] * 4 + [0.0] * 4)
+  probs = np.asarray(jax.jit(sampler.probs)(x, sampler.init(seed=0)))
+  np.testing.assert_allclose(probs, [0.5, 0.5, 0, 0, 0, 0, 0, 0])  # today: [1, 0, ...]
+
+
+@pytest.mark.xfail(strict=True, reason="temperature-first chains: float32 ties that temperature creates")
+def test_ties_created_by_temperature_in_a_temperature_first_chain():
+  """At t = 3e38 every tempered gap underflows: the full-vocabulary path sees ties
+  (broken by id), the candidate path keeps the untempered order."""
+  x = jnp.asarray(np.random.default_rng(0).normal(size=200), jnp.float32)
+  kept = []
+  for candidates in (2, 256):  # top-k 3 > 2 candidates: the full path
+    sampler = jsample.hf(candidates=candidates, window=4)
+    state = sampler.init(seed=0, temperature=3e38, top_k=3)
+    kept.append(np.flatnonzero(jax.jit(sampler.probs)(x, state)).tolist())
+  assert kept[0] == kept[1]
