@@ -300,6 +300,14 @@ def test_a_batch_of_no_rows(recipe, mask):
   assert sampler.init(batch=0).position.shape == (0,)
 
 
+@pytest.mark.parametrize("shape", [(0,), (2, 0)])
+def test_an_empty_vocabulary_is_refused(shape):
+  sampler = jsample.llama_cpp()
+  state = sampler.init(seed=np.zeros(shape[:-1], np.int64))
+  with pytest.raises(ValueError, match="vocabulary"):
+    jax.jit(sampler.pick)(jnp.zeros(shape), state)
+
+
 def test_extreme_temperatures():
   """1e-9 is greedy wherever the best logit is unique; 1e9 is uniform over the survivors."""
   sampler, run = compiled(jsample.llama_cpp)
