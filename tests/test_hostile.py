@@ -365,3 +365,11 @@ def test_ties_created_by_temperature_in_a_temperature_first_chain():
     state = sampler.init(seed=0, temperature=3e38, top_k=3)
     kept.append(np.flatnonzero(jax.jit(sampler.probs)(x, state)).tolist())
   assert kept[0] == kept[1]
+
+
+def test_strict_promotion_is_in_force():
+  """tests/conftest.py: a silent [B] x [B, V] broadcast or dtype promotion fails every test."""
+  with pytest.raises(ValueError, match="jax_numpy_rank_promotion"):
+    jnp.ones(3) + jnp.ones((2, 3))
+  with pytest.raises(jax.dtypes.TypePromotionError):
+    jnp.ones(3, jnp.bfloat16) + jnp.ones(3, jnp.float32)
