@@ -5,10 +5,12 @@ Compilation dominates in JAX, so shapes come from a small fixed set and every
 compiled function is built once per configuration and reused by all examples.
 Hypothesis draws the structure (row kinds, settings at and inside their limits,
 mask densities, prompts) and a NumPy seed for the bulk values; runs are
-derandomized, so CI sees the same examples every time.
+derandomized, so CI sees the same examples every time. For a deeper search,
+multiply every budget: ``JSAMPLE_FUZZ_SCALE=20 python3 -m pytest tests/test_properties.py``.
 """
 
 import functools
+import os
 
 import hypothesis
 import hypothesis.strategies as st
@@ -25,8 +27,15 @@ ROWS = 8  # every batch is compiled at this size; fewer live rows are padded
 F32_MAX = np.finfo(np.float32).max
 NUDGE = 2e-6  # as in test_chain: top-p / min-p boundaries within float32 rounding
 
+SCALE = float(os.environ.get("JSAMPLE_FUZZ_SCALE", "1"))
+
+
+def examples(n: int) -> int:
+  return max(1, round(n * SCALE))
+
+
 FUZZ = hypothesis.settings(
-  max_examples=12,
+  max_examples=examples(12),
   derandomize=True,
   deadline=None,
   database=None,
@@ -310,7 +319,7 @@ def test_a_rows_token_is_its_own(chain, vocab):
   """Batch composition, slot, batch size, candidate budget, jit and the mask form
   never change a row's token."""
 
-  @hypothesis.settings(FUZZ, max_examples=6)
+  @hypothesis.settings(FUZZ, max_examples=examples(6))
   @hypothesis.given(batches(vocab, True), st.permutations(range(ROWS)), st.integers(1, ROWS))
   def check(batch, order, live):
     x, settings, prompts, allowed = batch
@@ -341,7 +350,7 @@ def test_a_rows_token_is_its_own(chain, vocab):
 def test_eager_equals_jit():
   chain, vocab = "llama_cpp", 33
 
-  @hypothesis.settings(FUZZ, max_examples=2)  # eager dispatch is slow
+  @hypothesis.settings(FUZZ, max_examples=examples(2))  # eager dispatch is slow
   @hypothesis.given(batches(vocab, True))
   def check(batch):
     x, settings, prompts, allowed = batch
