@@ -194,12 +194,19 @@ def test_penalties_never_push_a_logit_to_infinity_or_nan():
 
 
 @pytest.mark.parametrize(
-  "stages", [(), (jsample.top_k(0),), (jsample.min_p(0.5), jsample.temperature(1.0))], ids=["bare", "top_k", "min_p"]
+  "stages, candidates",
+  [
+    ((), 128),
+    ((jsample.top_k(0),), 128),
+    ((jsample.top_k(0),), 2),  # 4 ties > 2 candidates: the full-vocabulary path
+    ((jsample.min_p(0.5), jsample.temperature(1.0)), 128),
+  ],
+  ids=["bare", "top_k", "top_k, full path", "min_p"],
 )
-def test_several_positive_infinities_share_the_draw(stages):
+def test_several_positive_infinities_share_the_draw(stages, candidates):
   """+inf is the largest float, so +inf tokens tie: each is drawn equally often,
-  whatever the chain; near that float, log Σ exp rounds to the largest logit."""
-  sampler = jsample.chain(*stages)
+  whatever the chain and path; near that float, log Σ exp rounds to the largest logit."""
+  sampler = jsample.chain(*stages, candidates=candidates)
   x = jnp.array([np.inf, 1.0, np.inf, F32_MAX, -np.inf, np.inf])
   probs = np.asarray(sampler.probs(x, sampler.init(seed=0)))
   np.testing.assert_allclose(probs, [0.25, 0, 0.25, 0.25, 0, 0.25], atol=1e-7)
