@@ -23,13 +23,16 @@ def penalise(x: np.ndarray, window: list[int], repeat, frequency, presence, last
   recent = window[len(window) - n :]
   x = x.astype(np.float32).copy()
   f32 = np.float32
-  for token in set(recent):
-    if not 0 <= token < x.size:
-      continue
-    count = recent.count(token)
-    logit = x[token]
-    logit = logit * f32(repeat) if logit <= 0 else logit / f32(repeat)
-    x[token] = logit - (f32(count) * f32(frequency) + f32(1.0) * f32(presence))
+  with np.errstate(over="ignore", invalid="ignore"):  # the largest float / 0.5 and the like
+    for token in set(recent):
+      if not 0 <= token < x.size:
+        continue
+      count = recent.count(token)
+      logit = x[token]
+      logit = logit * f32(repeat) if logit <= 0 else logit / f32(repeat)
+      x[token] = logit - (f32(count) * f32(frequency) + f32(1.0) * f32(presence))
+    # jsample keeps the row's range: up to the largest float, inf - inf removed.
+    x = np.where(np.isnan(x), -np.inf, np.minimum(x, np.finfo(np.float32).max))
   return x
 
 

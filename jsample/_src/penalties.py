@@ -2,19 +2,18 @@
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from jsample._src.stage import Candidates, Context, Setting, Stage
 
 
 def _finite(v):
-  return np.isfinite(v)
+  return jnp.isfinite(v)
 
 
 def _settings(repeat, frequency, presence, last_n):
   return (
-    Setting("repeat_penalty", repeat, jnp.float32, lambda v: np.isfinite(v) & (v > 0), "finite and > 0"),
+    Setting("repeat_penalty", repeat, jnp.float32, lambda v: jnp.isfinite(v) & (v > 0), "finite and > 0"),
     Setting("frequency_penalty", frequency, jnp.float32, _finite, "finite"),
     Setting("presence_penalty", presence, jnp.float32, _finite, "finite"),
     Setting("penalty_last_n", last_n, jnp.int32, lambda v: v >= -1, ">= -1 (-1: the whole window)"),
@@ -39,18 +38,32 @@ def _counts(ids: jax.Array, recent: jax.Array) -> jax.Array:
   return jnp.searchsorted(ordered, ids, side="right") - jnp.searchsorted(ordered, ids, side="left")
 
 
+def _usable(s: dict) -> jax.Array:
+  """Whether the weights are ones ``init`` accepts. Traced weights can be anything:
+  a row with a repeat penalty <= 0 or NaN, or a non-finite weight, gets no
+  penalties (its logits would turn NaN); ``Sampler.checked`` reports it."""
+  repeat = s["repeat_penalty"]
+  weights = jnp.isfinite(s["frequency_penalty"]) & jnp.isfinite(s["presence_penalty"])
+  return (repeat > 0) & jnp.isfinite(repeat) & weights
+
+
 def _penalise(logits: jax.Array, count: jax.Array, s: dict) -> jax.Array:
   """llama.cpp's arithmetic, for tokens seen ``count`` times in the window."""
   repeat = s["repeat_penalty"]
   scaled = jnp.where(logits <= 0, logits * repeat, logits / repeat)
-  seen = count > 0
+  seen = (count > 0) & _usable(s)
   shift = count.astype(jnp.float32) * s["frequency_penalty"] + seen.astype(jnp.float32) * s["presence_penalty"]
-  return jnp.where(seen, scaled - shift, logits)
+  out = jnp.where(seen, scaled - shift, logits)
+  # Stay within the cleaned row's range: a raised logit stops at the largest
+  # float, not +inf (whose softmax is NaN); inf - inf counts as removed, like
+  # NaN logits; a removed token stays removed.
+  out = jnp.where(jnp.isnan(out), -jnp.inf, jnp.minimum(out, jnp.finfo(jnp.float32).max))
+  return jnp.where(logits > -jnp.inf, out, -jnp.inf)
 
 
 def _active(s: dict, ctx: Context) -> jax.Array:
   neutral = (s["repeat_penalty"] == 1) & (s["frequency_penalty"] == 0) & (s["presence_penalty"] == 0)
-  return jnp.any(_recent(s, ctx)) & ~neutral
+  return jnp.any(_recent(s, ctx)) & ~neutral & _usable(s)
 
 
 def _lowers_only(s: dict) -> jax.Array:

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jsample._src import cut, masks, noise
+from jsample._src import checks, cut, masks, noise
 from jsample._src.stage import Candidates, Context, Setting, Stage, logsumexp, sort_candidates
 
 
@@ -63,8 +63,15 @@ def _check_setting(setting: Setting, value) -> None:
     raise ValueError(f"{setting.name}: must be finite; got {value!r}")
   if setting.dtype == jnp.int32 and not np.all(np.mod(v, 1) == 0):
     raise ValueError(f"{setting.name}: must be an integer; got {value!r}")
-  if not np.all(setting.valid(v)):
-    raise ValueError(f"{setting.name}: must be {setting.allowed}; got {value!r}")
+  # The state holds the value in the setting's dtype: check what it will hold
+  # (1e39 overflows float32, 1e-50 rounds to 0, 2**40 wraps in int32).
+  info = np.iinfo(np.int32) if setting.dtype == jnp.int32 else np.finfo(np.float32)
+  if np.any(v < info.min) or np.any(v > info.max):
+    raise ValueError(f"{setting.name}: must fit in {np.dtype(setting.dtype).name}; got {value!r}")
+  stored = v.astype(setting.dtype)
+  if not np.all(setting.valid(stored)):
+    held = f", which {np.dtype(setting.dtype).name} holds as {stored.tolist()}" if np.all(setting.valid(v)) else ""
+    raise ValueError(f"{setting.name}: must be {setting.allowed}; got {value!r}{held}")
 
 
 def _as_prompt(prompt) -> np.ndarray | jax.Array:
@@ -137,12 +144,14 @@ class Sampler:
     candidates: ``K``, the candidate budget of the fast path (static). It
       changes speed only, never a token.
     vocab_size: ``V`` if known; then prompts and logits are checked against it.
+    checking: what :meth:`checked` turned on; None for an unchecked sampler.
   """
 
   stages: tuple[Stage, ...]
   window: int = 64
   candidates: int = 128
   vocab_size: int | None = None
+  checking: checks.Checks | None = None
 
   def __post_init__(self):
     if self.window < 0:
@@ -177,6 +186,41 @@ class Sampler:
   def settings(self) -> dict[str, Setting]:
     """Every setting of the chain, by name."""
     return {s.name: s for stage in self.stages for s in stage.settings}
+
+  def checked(self, *, nan: bool = True, empty: bool = True) -> "Sampler":
+    """This sampler, reporting as errors the bad values ``jit`` lets through.
+
+    Under ``jit`` nothing can raise on a traced value, so by default a bad one
+    gets a defined result (a repeat penalty of 0 turns penalties off, NaN counts
+    as ``-inf``, an empty row comes back with ``valid=False``). A checked
+    sampler states each such problem with :func:`jax.experimental.checkify.check`
+    instead: settings outside the ranges ``init`` enforces, window or prompt ids
+    outside ``[-1, V)``, accepted tokens outside ``[0, V)``, and optionally NaN
+    logits and rows where no token survives. Outside ``jit`` it raises at once;
+    under ``jit``, wrap the program in ``checkify.checkify`` and call
+    ``err.throw()`` on its result. The checks cost a few reductions per step.
+
+    Args:
+      nan: also report a NaN logit.
+      empty: also report a row where nothing survives.
+
+    Returns:
+      A :class:`Sampler` that draws the same tokens.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, jsample
+      >>> from jax.experimental import checkify
+      >>> sampler = jsample.llama_cpp().checked()
+      >>> @jax.jit
+      ... @checkify.checkify
+      ... def step(logits, state, top_p):
+      ...   state = sampler.configure(state, top_p=top_p)  # traced: no ValueError possible
+      ...   return sampler.pick(logits, state)
+      >>> err, (token, state) = step(jnp.zeros((2, 8)), sampler.init(seed=[1, 2]), jnp.array([0.9, 0.0]))
+      >>> print(err.get())  # err.throw() raises it  # doctest: +ELLIPSIS
+      top_p: must be in (0, 1]; row 1 holds 0.0 ...
+    """
+    return dataclasses.replace(self, checking=checks.Checks(nan=nan, empty=empty))
 
   # -- state ------------------------------------------------------------------
 
@@ -287,6 +331,8 @@ class Sampler:
     """
     prompt = _as_prompt(prompt)
     _check_tokens("prompt", prompt, self.vocab_size, lowest=-1)
+    if self.checking:
+      checks.tokens("prompt", prompt, self.vocab_size, lowest=-1)
     batched = state.position.ndim == 1
     if prompt.ndim == 2 and not batched:
       raise ValueError(f"prompt: a [B, L] prompt needs a batched state; got shape {prompt.shape}")
@@ -311,6 +357,8 @@ class Sampler:
     if not jnp.issubdtype(jnp.asarray(token).dtype, jnp.integer):
       raise ValueError(f"token: must be integer token ids; got dtype {jnp.asarray(token).dtype}")
     _check_tokens("token", token, self.vocab_size, lowest=0)
+    if self.checking:
+      checks.tokens("token", token, self.vocab_size, lowest=0)
     token = jnp.asarray(token, jnp.int32)
     if token.shape != state.position.shape:
       raise ValueError(f"token: must have shape {state.position.shape} to match the state; got {token.shape}")
@@ -361,12 +409,14 @@ class Sampler:
     fast = jax.vmap(_finish)(cands.logits, cands.ids, words)
 
     def slow(raw, mask, settings, window, position, words):
-      final = self._full_row(raw, mask, settings, window, position)
+      final = _relative(self._full_row(raw, mask, settings, window, position))
       token, valid = noise.race_row(final, words)
       chosen = final[token]
       return Draw(token, valid, jnp.where(valid, chosen - logsumexp(final), 0.0))
 
     drawn = _per_row(ok, fast, slow, *rows, state.settings, state.window, state.position, words)
+    if self.checking:
+      checks.drawn(self, drawn.valid)
     # A row where nothing survived still advances, with an empty window slot.
     accepted = jnp.where(drawn.valid, drawn.token, -1)
     window, position = jax.vmap(_accept)(state.window, state.position, accepted)
@@ -425,6 +475,8 @@ class Sampler:
     if mask is not None:
       mask = jnp.asarray(mask)
       masks.check(mask, logits.shape)
+    if self.checking:
+      checks.inputs(self, logits, state)
     single = logits.ndim == 1
     if single:
       logits, mask = logits[None], None if mask is None else mask[None]
@@ -514,6 +566,8 @@ def _per_row(ok: jax.Array, fast, slow, *rows):
     pick = functools.partial(jax.tree.map, lambda a: a[i])
     return lax.cond(ok[i], lambda: pick(fast), lambda: slow(*pick(rows)))
 
+  if not ok.shape[0]:  # no rows: nothing to index
+    return fast
   return lax.map(one, jnp.arange(ok.shape[0]))
 
 
@@ -523,12 +577,21 @@ def _merge(ok: jax.Array, fast, slow):
   return jax.tree.map(lambda a, b: jnp.where(ok.reshape(ok.shape + (1,) * (a.ndim - 1)), a, b), fast, full)
 
 
+def _relative(logits: jax.Array) -> jax.Array:
+  """The logits minus the best one. Near the largest float, ``best + log Σ exp``
+  rounds to ``best``: ties there (several +inf tokens) would each get mass 1."""
+  best = jnp.max(logits)
+  return logits - jnp.where(best > -jnp.inf, best, 0.0)
+
+
 def _softmax(logits: jax.Array) -> jax.Array:
   """Probabilities of the survivors; all zero when nothing survives."""
-  return jnp.where(logits > -jnp.inf, jnp.exp(logits - logsumexp(logits)), 0.0)
+  e = jnp.where(logits > -jnp.inf, jnp.exp(_relative(logits)), 0.0)
+  return e / jnp.maximum(jnp.sum(e), 1.0)  # the best survivor alone adds 1
 
 
 def _finish(logits: jax.Array, ids: jax.Array, words: jax.Array) -> Draw:
+  logits = _relative(logits)
   token, valid = noise.race(logits, ids, words)
   chosen = jnp.max(jnp.where(ids == token, logits, -jnp.inf))
   return Draw(token, valid, jnp.where(valid, chosen - logsumexp(logits), 0.0))

@@ -26,7 +26,9 @@ class Setting(NamedTuple):
     name: the keyword users pass to ``init`` (``"top_p"``).
     default: the value rows get unless ``init`` says otherwise.
     dtype: ``jnp.float32`` or ``jnp.int32``.
-    valid: NumPy predicate over concrete values; False marks a bad value.
+    valid: predicate over values, False marks a bad one. It sees NumPy arrays in
+      ``init``, and traced arrays in :meth:`Sampler.checked` mode, so write it
+      with operators and ``jnp`` functions (``jnp.isfinite``, not ``np``).
     allowed: the allowed range in words, for the error message.
   """
 

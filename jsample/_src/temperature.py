@@ -2,7 +2,6 @@
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from jsample._src.stage import Candidates, Context, Setting, Stage
@@ -11,7 +10,8 @@ from jsample._src.stage import Candidates, Context, Setting, Stage
 def _scale(logits: jax.Array, best: jax.Array, t: jax.Array) -> jax.Array:
   # Shifting by the best logit first keeps (logit - best) / t finite for tiny t.
   shifted = jnp.where(best > -jnp.inf, logits - best, logits)
-  return shifted / jnp.where(t > 0, t, 1.0)
+  # Removed tokens stay -inf: a traced t = +inf would make them -inf / inf = NaN.
+  return jnp.where(logits > -jnp.inf, shifted / jnp.where(t > 0, t, 1.0), -jnp.inf)
 
 
 def temperature(t: float = 0.8) -> Stage:
@@ -35,7 +35,7 @@ def temperature(t: float = 0.8) -> Stage:
     >>> int(token)
     1
   """
-  setting = Setting("temperature", t, jnp.float32, np.isfinite, "finite (<= 0: greedy)")
+  setting = Setting("temperature", t, jnp.float32, jnp.isfinite, "finite (<= 0: greedy)")
 
   def on_candidates(c: Candidates, s: dict, ctx: Context) -> Candidates:
     t = s["temperature"]

@@ -1,0 +1,87 @@
+"""Checked mode: the problems ``jit`` cannot refuse, reported as errors.
+
+Outside ``jit``, ``init``, ``seed`` and ``accept`` reject bad values with a
+``ValueError``. Inside it, values are traced: a state built or changed under
+``jit`` can hold a repeat penalty of 0, a window id past the vocabulary, and
+logits can hold NaN. By default jsample gives each a defined result (README,
+"Guarantees and limits"). A checked sampler instead states each of them with
+:func:`jax.experimental.checkify.check`, which raises at once outside ``jit``
+and, under ``jit``, once the caller has functionalised the program with
+``checkify.checkify``.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import checkify
+
+
+class Checks(NamedTuple):
+  """What a checked sampler reports besides the settings' ranges and token ids.
+
+  Attributes:
+    nan: a NaN logit (by default NaN counts as ``-inf``).
+    empty: a row where nothing survives (by default ``Draw.valid`` is False).
+  """
+
+  nan: bool = True
+  empty: bool = True
+
+
+def _report(ok: jax.Array, message: str, values: jax.Array | None = None) -> None:
+  """Fails unless every entry of ``ok`` holds. ``message`` may name the first
+  failing entry's index as ``{at}`` and its value (from ``values``) as ``{value}``."""
+  ok = jnp.reshape(ok, -1)
+  if not ok.size:
+    return
+  at = jnp.argmin(ok)
+  value = at if values is None else jnp.reshape(values, -1)[at]
+  checkify.check(jnp.all(ok), message, at=at, value=value)
+
+
+def _valid(setting, value: jax.Array) -> jax.Array:
+  try:
+    return jnp.asarray(setting.valid(value), bool)
+  except jax.errors.TracerArrayConversionError:
+    raise ValueError(
+      f"{setting.name}: its Setting.valid must accept traced arrays in checked mode; use jnp, not np"
+    ) from None
+
+
+def settings(sampler, state) -> None:
+  """Every setting in its range, as ``init`` requires of concrete values."""
+  for name, setting in sampler.settings.items():
+    value = state.settings[name]
+    ok = jnp.broadcast_to(_valid(setting, value), value.shape)
+    allowed = setting.allowed.replace("{", "{{").replace("}", "}}")
+    _report(ok, f"{name}: must be {allowed}; row {{at}} holds {{value}}", value)
+  if "penalty_last_n" in state.settings:
+    last_n = state.settings["penalty_last_n"]
+    message = f"penalty_last_n: must be <= window={sampler.window}; row {{at}} holds {{value}}"
+    _report(last_n <= sampler.window, message, last_n)
+
+
+def tokens(name: str, ids: jax.Array, vocab: int | None, lowest: int) -> None:
+  """Token ids in ``[lowest, vocab)``; only ``lowest`` is known without ``vocab``."""
+  ids = jnp.asarray(ids)
+  ok = ids >= lowest
+  if vocab is not None:
+    ok &= ids < vocab
+  allowed = f"[{lowest}, {vocab})" if vocab is not None else f">= {lowest}"
+  _report(ok, f"{name}: token ids must be in {allowed}; entry {{at}} (flat) holds {{value}}", ids)
+
+
+def inputs(sampler, logits: jax.Array, state) -> None:
+  """What :meth:`Sampler.pick` reads: settings, window ids, and NaN if asked."""
+  settings(sampler, state)
+  tokens("state.window", state.window, logits.shape[-1], lowest=-1)
+  if sampler.checking.nan:
+    nan = jnp.any(jnp.isnan(logits), axis=-1)
+    _report(~nan, "logits: row {at} holds NaN (checked mode; otherwise NaN counts as -inf)")
+
+
+def drawn(sampler, valid: jax.Array) -> None:
+  """A token survived in every row, if asked."""
+  if sampler.checking.empty:
+    _report(valid, "logits: row {at} has no token left to draw (all masked, -inf or NaN)")

@@ -1,0 +1,361 @@
+"""Invariants under fuzzing (hypothesis): every stage and recipe, on rows, settings,
+masks and windows nobody wrote by hand, against the float64 reference.
+
+Compilation dominates in JAX, so shapes come from a small fixed set and every
+compiled function is built once per configuration and reused by all examples.
+Hypothesis draws the structure (row kinds, settings at and inside their limits,
+mask densities, prompts) and a NumPy seed for the bulk values; runs are
+derandomized, so CI sees the same examples every time. For a deeper search,
+multiply every budget: ``JSAMPLE_FUZZ_SCALE=20 python3 -m pytest tests/test_properties.py``.
+"""
+
+import functools
+import os
+
+import hypothesis
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jsample
+from tests import reference
+
+WINDOW = 8
+ROWS = 8  # every batch is compiled at this size; fewer live rows are padded
+F32_MAX = np.finfo(np.float32).max
+NUDGE = 2e-6  # as in test_chain: top-p / min-p boundaries within float32 rounding
+
+SCALE = float(os.environ.get("JSAMPLE_FUZZ_SCALE", "1"))
+
+
+def examples(n: int) -> int:
+  return max(1, round(n * SCALE))
+
+
+FUZZ = hypothesis.settings(
+  max_examples=examples(12),
+  derandomize=True,
+  deadline=None,
+  database=None,
+  suppress_health_check=list(hypothesis.HealthCheck),
+)
+
+# -- the samplers under test -------------------------------------------------------
+
+CHAINS = {
+  "llama_cpp": lambda **kw: jsample.llama_cpp(**kw),
+  "gemma": lambda **kw: jsample.gemma(**kw),
+  "hf": lambda **kw: jsample.hf(**kw),
+  # vLLM's order (min-p before top-k/top-p), built by hand
+  "custom": lambda **kw: jsample.chain(
+    jsample.penalties(), jsample.min_p(), jsample.top_k(), jsample.top_p(), jsample.temperature(), **kw
+  ),
+  "top_k": lambda **kw: jsample.chain(jsample.top_k(), **kw),
+  "top_p": lambda **kw: jsample.chain(jsample.top_p(), **kw),
+  "min_p": lambda **kw: jsample.chain(jsample.min_p(), **kw),
+  "temperature": lambda **kw: jsample.chain(jsample.temperature(), **kw),
+  "penalties": lambda **kw: jsample.chain(jsample.penalties(), **kw),
+}
+
+# (chain, V, mask form): each compiles once. The budget K=8 is below most V, so
+# both the candidate path and the full-vocabulary path run.
+CONFIGS = [
+  ("llama_cpp", 1, None),
+  ("llama_cpp", 7, "bool"),
+  ("llama_cpp", 33, "packed"),
+  ("llama_cpp", 100, None),
+  ("llama_cpp", 1000, "packed"),
+  ("gemma", 100, "bool"),
+  ("hf", 33, None),
+  ("hf", 1000, "bool"),
+  ("custom", 100, "packed"),
+  ("top_k", 33, "bool"),
+  ("top_p", 33, None),
+  ("min_p", 7, "packed"),
+  ("temperature", 100, "bool"),
+  ("penalties", 33, None),
+]
+
+
+@functools.cache
+def sampler(chain: str, candidates: int = 8):
+  return CHAINS[chain](window=WINDOW, candidates=candidates)
+
+
+@functools.cache
+def run(chain: str, candidates: int = 8):
+  """``(probs, draw)`` of a batch in one compiled function."""
+  s = sampler(chain, candidates)
+  return jax.jit(lambda x, state, mask: (s.probs(x, state, mask), s.draw(x, state, mask)[0]))
+
+
+# -- what hypothesis draws ---------------------------------------------------------
+
+KINDS = ("normal", "peaked", "flat", "ties", "bf16", "holes", "+inf", "huge", "subnormal", "empty", "one")
+
+
+def make_row(rng: np.random.Generator, vocab: int, kind: str) -> np.ndarray:
+  if kind == "normal":
+    return rng.normal(0, rng.uniform(0.5, 4), vocab).astype(np.float32)
+  if kind == "peaked":
+    return (-1.2 * np.log1p(rng.permutation(vocab)) + rng.normal(0, 0.1, vocab)).astype(np.float32)
+  if kind == "flat":
+    return np.full(vocab, rng.normal(), np.float32)
+  if kind == "ties":
+    return rng.integers(-3, 3, vocab).astype(np.float32)
+  if kind == "bf16":
+    return np.asarray(jnp.asarray(rng.normal(0, 3, vocab), jnp.bfloat16).astype(jnp.float32))
+  if kind == "holes":
+    x = rng.normal(0, 2, vocab).astype(np.float32)
+    x[rng.random(vocab) < 0.3] = -np.inf
+    x[rng.random(vocab) < 0.1] = np.nan
+    return x
+  if kind == "+inf":  # one: several tie at the largest float, where top-p rounds (README)
+    x = rng.normal(0, 2, vocab).astype(np.float32)
+    x[rng.integers(vocab)] = np.inf
+    return x
+  if kind == "huge":
+    return (rng.normal(0, 1, vocab) * 1e30).astype(np.float32)
+  if kind == "subnormal":
+    return (rng.integers(-3, 4, vocab) * 1e-45).astype(np.float32)
+  if kind == "empty":
+    return np.where(rng.random(vocab) < 0.5, -np.inf, np.nan).astype(np.float32)
+  if kind == "one":
+    x = np.full(vocab, -np.inf, np.float32)
+    x[rng.integers(vocab)] = rng.normal()
+    return x
+  raise ValueError(kind)
+
+
+def as_the_chain_sees(x: np.ndarray) -> np.ndarray:
+  """The row the reference should get: +inf is the largest float, and XLA on CPU
+  flushes subnormals to zero (consistently on both paths)."""
+  x = np.where(x == np.inf, F32_MAX, x)
+  return np.where(np.abs(x) < np.finfo(np.float32).tiny, np.float32(0), x).astype(np.float32)
+
+
+@st.composite
+def row_settings(draw, vocab: int) -> dict:
+  """One row's settings, each at a limit, neutral, or inside its range."""
+  unit = st.floats(1e-6, 1.0, allow_subnormal=False)
+  return dict(
+    top_k=draw(st.one_of(st.sampled_from([0, -1, 1, vocab, vocab + 3]), st.integers(1, max(1, vocab)))),
+    top_p=draw(st.one_of(st.sampled_from([1.0, 1e-6, 0.5]), unit)),
+    min_p=draw(st.one_of(st.sampled_from([0.0, 1.0, 1e-6]), unit)),
+    temperature=draw(st.one_of(st.sampled_from([0.0, -1.0, 1.0, 1e-9, 1e9]), st.floats(0.05, 3.0))),
+    repeat_penalty=draw(st.one_of(st.just(1.0), st.floats(0.2, 3.0))),
+    frequency_penalty=draw(st.one_of(st.just(0.0), st.floats(-1.0, 1.0))),
+    presence_penalty=draw(st.one_of(st.just(0.0), st.floats(-1.0, 1.0))),
+    penalty_last_n=draw(st.sampled_from([-1, 0, 1, WINDOW // 2, WINDOW])),
+  )
+
+
+@st.composite
+def batches(draw, vocab: int, masked: bool, live: int = ROWS):
+  """``live`` rows of the given width, their settings, prompts and (optional) mask."""
+  rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+  kinds = draw(st.lists(st.sampled_from(KINDS), min_size=live, max_size=live))
+  x = np.stack([make_row(rng, vocab, kind) for kind in kinds])
+  settings = [draw(row_settings(vocab)) for _ in range(live)]
+  prompts = [draw(st.lists(st.integers(0, vocab - 1), max_size=2 * WINDOW)) for _ in range(live)]
+  allowed = None
+  if masked:
+    density = draw(st.lists(st.sampled_from([1.0, 0.5, 0.1, 0.0]), min_size=live, max_size=live))
+    allowed = rng.random((live, vocab)) < np.array(density)[:, None]
+    allowed[np.array(density) == 1.0] = True
+  return x, settings, prompts, allowed
+
+
+def init(chain: str, settings: list[dict], prompts: list, candidates: int = 8):
+  s = sampler(chain, candidates)
+  per_row = {name: np.array([row[name] for row in settings]) for name in s.settings}
+  return s.init(seed=np.arange(len(settings)) * 31 + 7, prompt=prompts, **per_row)
+
+
+def form(allowed, kind):
+  if allowed is None or kind is None:
+    return None
+  return jnp.asarray(allowed) if kind == "bool" else jsample.pack_mask(allowed)
+
+
+def reference_stages(chain: str, row: dict) -> list:
+  stages = []
+  for stage in sampler(chain).stages:
+    if stage.name == "penalties":
+      names = dict(repeat="repeat_penalty", frequency="frequency_penalty", presence="presence_penalty")
+      value = {k: row[v] for k, v in names.items()} | dict(last_n=row["penalty_last_n"])
+    else:
+      value = row[stage.name]
+    stages.append((stage.name, value))
+  return stages
+
+
+# -- 1. the token and the distribution, against the reference ----------------------
+
+
+@pytest.mark.parametrize("chain, vocab, mask", CONFIGS, ids=lambda v: str(v))
+def test_tokens_and_probabilities_follow_the_reference(chain, vocab, mask):
+  @FUZZ
+  @hypothesis.given(batches(vocab, mask is not None))
+  def check(batch):
+    x, settings, prompts, allowed = batch
+    probs, drawn = run(chain)(jnp.asarray(x), init(chain, settings, prompts), form(allowed, mask))
+    probs, token, valid = np.asarray(probs, np.float64), np.asarray(drawn.token), np.asarray(drawn.valid)
+    assert np.all(np.isfinite(probs)) and np.all(np.isfinite(drawn.logprob))
+    assert np.all((token >= 0) & (token < vocab))
+    seen = as_the_chain_sees(x)
+    for i in range(len(x)):
+      kw = dict(window=prompts[i][-WINDOW:], mask=None if allowed is None else allowed[i])
+      stages = reference_stages(chain, settings[i])
+      mid = reference.probabilities(seen[i], stages, **kw)
+      narrow, _ = reference.survivors_and_logits(seen[i], stages, nudge=-NUDGE, **kw)
+      wide, final = reference.survivors_and_logits(seen[i], stages, nudge=NUDGE, **kw)
+      where = f"row {i}: {settings[i]}, prompt {prompts[i]}, row {x[i].tolist()}"
+      assert valid[i] == wide.any(), where
+      if not valid[i]:
+        assert token[i] == 0 and np.all(probs[i] == 0), where
+        continue
+      assert wide[token[i]], f"token {token[i]} outside the reference's survivors; {where}"
+      assert allowed is None or allowed[i, token[i]], where
+      got = probs[i] > 0
+      assert np.all(got <= wide), where
+      assert np.all((narrow & (mid > 1e-30)) <= got), where  # tokens float32 can represent
+      np.testing.assert_allclose(probs[i].sum(), 1.0, atol=1e-5, err_msg=where)
+      expected = mid
+      if not np.array_equal(narrow, wide):
+        expected = np.where(got, np.exp(final - final[got].max()), 0.0)
+        expected /= expected.sum()
+      np.testing.assert_allclose(probs[i], expected, atol=1e-6, err_msg=where)
+      if settings[i]["temperature"] <= 0 and "temperature" in dict(stages):
+        penalised = penalised_row(seen[i], stages, kw["window"], kw["mask"])
+        assert token[i] == np.argmax(penalised), f"greedy: the first best id; {where}"
+
+  check()
+
+
+def penalised_row(x, stages, window, mask):
+  """The row after mask and penalties, for greedy: its first maximum is the token."""
+  y = np.where(np.isnan(x), -np.inf, x).astype(np.float32)
+  if mask is not None:
+    y = np.where(mask, y, -np.inf)
+  penalties = dict(stages).get("penalties")
+  if penalties is not None:
+    y = np.where(y > -np.inf, reference.penalise(y, list(window), **penalties), -np.inf)
+  return y
+
+
+# -- 2. neutral settings, and raising a limit --------------------------------------
+
+NEUTRAL = dict(
+  top_k=0, top_p=1.0, min_p=0.0, temperature=1.0, repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0
+)
+
+
+@pytest.mark.parametrize("chain, vocab, mask", [CONFIGS[i] for i in (3, 5, 7, 8)], ids=lambda v: str(v))
+def test_neutral_settings_are_the_identity(chain, vocab, mask):
+  @FUZZ
+  @hypothesis.given(batches(vocab, mask is not None), st.sampled_from([-1, 0, WINDOW]))
+  def check(batch, last_n):
+    x, _, prompts, allowed = batch
+    settings = [dict(NEUTRAL, penalty_last_n=last_n)] * len(x)
+    probs, _ = run(chain)(jnp.asarray(x), init(chain, settings, prompts), form(allowed, mask))
+    seen = as_the_chain_sees(x).astype(np.float64)
+    seen = np.where(np.isnan(seen) | (allowed is not None and ~allowed), -np.inf, seen)
+    top = np.max(seen, axis=1, keepdims=True)
+    e = np.exp(seen - np.where(np.isfinite(top), top, 0))
+    expected = e / np.maximum(e.sum(axis=1, keepdims=True), 1e-300)
+    np.testing.assert_allclose(probs, expected, atol=1e-6)
+
+  check()
+
+
+@pytest.mark.parametrize("chain, vocab, mask", [CONFIGS[i] for i in (2, 6, 8)], ids=lambda v: str(v))
+@pytest.mark.parametrize("name", ["top_k", "top_p", "min_p"])
+def test_loosening_a_truncation_never_removes_a_survivor(chain, vocab, mask, name):
+  """A larger top-k or top-p, or a smaller min-p, keeps every survivor."""
+
+  @FUZZ
+  @hypothesis.given(batches(vocab, mask is not None), st.floats(0.0, 1.0))
+  def check(batch, amount):
+    x, settings, prompts, allowed = batch
+    looser = []
+    for row in settings:
+      row = dict(row)
+      if name == "top_k":
+        row["top_k"] = 0 if row["top_k"] <= 0 else row["top_k"] + int(amount * vocab)
+      elif name == "top_p":  # a step above float32 rounding, or none
+        row["top_p"] = min(1.0, row["top_p"] * (1 + 1e-4) + amount) if amount > 0 else row["top_p"]
+      else:
+        row["min_p"] = row["min_p"] * (1 - amount)
+      looser.append(row)
+    m = form(allowed, mask)
+    before, _ = run(chain)(jnp.asarray(x), init(chain, settings, prompts), m)
+    after, _ = run(chain)(jnp.asarray(x), init(chain, looser, prompts), m)
+    lost = (np.asarray(before) > 0) & ~(np.asarray(after) > 0)
+    assert not lost.any(), [(settings[i], looser[i]) for i in np.flatnonzero(lost.any(axis=1))]
+
+  check()
+
+
+# -- 3. what a row's token must not depend on ---------------------------------------
+
+
+@functools.cache
+def single(chain: str):
+  s = sampler(chain)
+  return jax.jit(lambda x, state, mask: s.pick(x, state, mask)[0])
+
+
+@functools.cache
+def picker(chain: str, candidates: int):
+  s = sampler(chain, candidates)
+  return jax.jit(lambda x, state, mask: s.pick(x, state, mask)[0])
+
+
+@pytest.mark.parametrize("chain, vocab", [("llama_cpp", 33), ("hf", 100), ("custom", 7)], ids=str)
+def test_a_rows_token_is_its_own(chain, vocab):
+  """Batch composition, slot, batch size, candidate budget, jit and the mask form
+  never change a row's token."""
+
+  @hypothesis.settings(FUZZ, max_examples=examples(6))
+  @hypothesis.given(batches(vocab, True), st.permutations(range(ROWS)), st.integers(1, ROWS))
+  def check(batch, order, live):
+    x, settings, prompts, allowed = batch
+    state = init(chain, settings, prompts)
+    xs, packed, bools = jnp.asarray(x), jsample.pack_mask(allowed), jnp.asarray(allowed)
+    tokens = np.asarray(picker(chain, 8)(xs, state, bools))
+    # the packed form; other candidate budgets (1: nearly always the full path)
+    np.testing.assert_array_equal(picker(chain, 8)(xs, state, packed), tokens)
+    np.testing.assert_array_equal(picker(chain, 1)(xs, state, bools), tokens)
+    np.testing.assert_array_equal(picker(chain, 64)(xs, state, bools), tokens)
+    # another slot, beside other rows
+    order = np.array(order)
+    moved = jax.tree.map(lambda a: a[order], state)
+    np.testing.assert_array_equal(picker(chain, 8)(xs[order], moved, bools[order]), tokens[order])
+    # fewer live rows: the rest replaced by empty rows with other settings
+    others = init(chain, settings[::-1], prompts[::-1])
+    mixed = jax.tree.map(lambda a, b: jnp.concatenate([a[:live], b[live:]]), state, others)
+    empty = xs.at[live:].set(-jnp.inf)
+    np.testing.assert_array_equal(picker(chain, 8)(empty, mixed, bools)[:live], tokens[:live])
+    # alone, as an unbatched row
+    i = live - 1
+    alone = jax.tree.map(lambda a: a[i], state)
+    assert int(single(chain)(xs[i], alone, bools[i])) == tokens[i]
+
+  check()
+
+
+def test_eager_equals_jit():
+  chain, vocab = "llama_cpp", 33
+
+  @hypothesis.settings(FUZZ, max_examples=examples(2))  # eager dispatch is slow
+  @hypothesis.given(batches(vocab, True))
+  def check(batch):
+    x, settings, prompts, allowed = batch
+    state = init(chain, settings, prompts)
+    eager, _ = sampler(chain).pick(jnp.asarray(x), state, jnp.asarray(allowed))
+    np.testing.assert_array_equal(eager, picker(chain, 8)(jnp.asarray(x), state, jnp.asarray(allowed)))
+
+  check()
