@@ -105,4 +105,6 @@ def _cleaned_normalisers(raw: jax.Array, mask: jax.Array | None) -> jax.Array:
   def one(i):  # indexed, not mapped over: mapping would copy the batch first
     return logsumexp(full_row(raw[i], None if mask is None else mask[i]))
 
+  if not raw.shape[0]:  # no rows: nothing to index
+    return jnp.zeros((0,), jnp.float32)
   return lax.map(one, jnp.arange(raw.shape[0]))
