@@ -390,7 +390,7 @@ class Sampler:
       >>> int(state.position)
       4
     """
-    drawn, state = self.draw(logits, state, mask)
+    drawn, state = self._draw(logits, state, mask, logprob=False)
     return drawn.token, state
 
   def draw(self, logits: jax.Array, state: SamplerState, mask=None) -> tuple[Draw, SamplerState]:
@@ -403,6 +403,9 @@ class Sampler:
       >>> bool(drawn.valid), int(drawn.token)  # nothing survives: flagged, in range
       (False, 0)
     """
+    return self._draw(logits, state, mask, logprob=True)
+
+  def _draw(self, logits, state: SamplerState, mask, *, logprob: bool) -> tuple[Draw, SamplerState]:
     rows, state, single = self._prepare(logits, state, mask)
     words = jax.vmap(noise.step_words)(state.key, state.position)
     cands, ok = self._candidates(rows, state)
@@ -411,8 +414,9 @@ class Sampler:
     def slow(raw, mask, settings, window, position, words):
       final = _relative(self._full_row(raw, mask, settings, window, position))
       token, valid = noise.race_row(final, words)
-      chosen = final[token]
-      return Draw(token, valid, jnp.where(valid, chosen - logsumexp(final), 0.0))
+      if not logprob:  # pick drops it, and on a full row it costs an exp per token
+        return Draw(token, valid, jnp.float32(0))
+      return Draw(token, valid, jnp.where(valid, final[token] - logsumexp(final), 0.0))
 
     drawn = _per_row(ok, fast, slow, *rows, state.settings, state.window, state.position, words)
     if self.checking:
@@ -568,7 +572,8 @@ def _per_row(ok: jax.Array, fast, slow, *rows):
 
   if not ok.shape[0]:  # no rows: nothing to index
     return fast
-  return lax.map(one, jnp.arange(ok.shape[0]))
+  # The loop carries the logits, which XLA copies in first: skip it when it has nothing to do.
+  return lax.cond(jnp.all(ok), lambda: fast, lambda: lax.map(one, jnp.arange(ok.shape[0])))
 
 
 def _merge(ok: jax.Array, fast, slow):
