@@ -91,7 +91,7 @@ def workloads(batch: int) -> list[Workload]:
     Workload("f", "default chain, packed mask allowing 10%", chain, dict(repeat_penalty=1.1), 64, 0.1),
     Workload("g", "pure sampling, T 1, no truncation", chain, dict(top_k=0, top_p=1.0, min_p=0.0), 0, None),
     Workload(
-      "h", "default chain, repeat 1.1, W=1024", jsample.gemma(window=1024), dict(repeat_penalty=1.1), 1024, None
+      "h", "default chain, repeat 1.1, W=1024", jsample.gemma(window_size=1024), dict(repeat_penalty=1.1), 1024, None
     ),
   ]
 

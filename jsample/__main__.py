@@ -124,7 +124,7 @@ def many_draws(sampler: jsample.Sampler, logits: jax.Array, state: jsample.Sampl
 
   def draws(logits, state, keys):
     def one(key):
-      return sampler.draw(logits, state._replace(key=key))[0].token
+      return sampler.pick_with_info(logits, state._replace(key=key))[0].token
 
     return jax.lax.map(one, keys, batch_size=max(1, 2**24 // vocab))
 
@@ -159,7 +159,7 @@ def main(argv=None) -> int:
   for name, (survivors, entropy, top_p, top_id) in rows:
     print(f"{name:<12} {int(survivors):>9} {float(entropy):>8.4f} {float(top_p):>8.4f} {int(top_id):>8}")
 
-  draw = jax.jit(sampler.draw)
+  draw = jax.jit(sampler.pick_with_info)
   drawn, _ = draw(logits, state)
   token = int(drawn.token)
   chain_logprob = float(final[token] - jax.nn.logsumexp(final))

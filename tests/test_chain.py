@@ -89,7 +89,7 @@ def check_against_reference(outputs, xs, all_settings, prompts, stages_of):
 @pytest.mark.parametrize("vocab, size", [(8, 600), (33, 600), (100, 600), (1000, 480), (4096, 240)])
 def test_matches_reference(recipe, stages_of, vocab, size):
   xs, all_settings, per_row, prompts = batch(vocab, vocab, size)
-  sampler = recipe(window=WINDOW, candidates=64)
+  sampler = recipe(window_size=WINDOW, budget=64)
   state = sampler.init(seed=np.arange(size), prompt=prompts, **per_row)
   fast_or_full = jax.jit(sampler.probs)(jnp.asarray(xs), state)
   full = jax.jit(lambda x, s: full_path_probs(sampler, x, s))(jnp.asarray(xs), state)
@@ -99,7 +99,7 @@ def test_matches_reference(recipe, stages_of, vocab, size):
 def test_matches_reference_at_gemma_vocabulary():
   vocab, size = 262144, 12
   xs, all_settings, per_row, prompts = batch(1, vocab, size)
-  sampler = jsample.llama_cpp(window=WINDOW)
+  sampler = jsample.llama_cpp(window_size=WINDOW)
   state = sampler.init(seed=np.arange(size), prompt=prompts, **per_row)
   check_against_reference([jax.jit(sampler.probs)(jnp.asarray(xs), state)], xs, all_settings, prompts, llama_stages)
 
@@ -108,7 +108,7 @@ def test_masks_apply_before_everything():
   vocab, size = 300, 120
   xs, all_settings, per_row, prompts = batch(7, vocab, size)
   allowed = np.random.default_rng(0).random((size, vocab)) < 0.2
-  sampler = jsample.llama_cpp(window=WINDOW, candidates=32)
+  sampler = jsample.llama_cpp(window_size=WINDOW, budget=32)
   state = sampler.init(seed=0, prompt=prompts, **per_row)
   probs = np.asarray(jax.jit(sampler.probs)(jnp.asarray(xs), state, allowed), np.float64)
   masked = np.where(allowed, xs, -np.inf)

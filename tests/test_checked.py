@@ -10,9 +10,9 @@ import jsample
 
 V = 40
 WINDOW = 8
-PLAIN = jsample.llama_cpp(window=WINDOW, candidates=8)
+PLAIN = jsample.llama_cpp(window_size=WINDOW, budget=8)
 CHECKED = PLAIN.checked()
-DRAW = jax.jit(checkify.checkify(CHECKED.draw))
+DRAW = jax.jit(checkify.checkify(CHECKED.pick_with_info))
 ROWS = 4
 
 
@@ -33,7 +33,7 @@ def test_good_inputs_pass_and_draw_what_the_plain_sampler_draws():
   x, state, allowed = fine()
   err, (drawn, after) = DRAW(x, state, allowed)
   assert err.get() is None
-  plain, _ = jax.jit(PLAIN.draw)(x, state, allowed)
+  plain, _ = jax.jit(PLAIN.pick_with_info)(x, state, allowed)
   np.testing.assert_array_equal(drawn.token, plain.token)
 
 
@@ -73,7 +73,7 @@ def test_each_problem_is_an_error_under_jit(problem):
   with pytest.raises(checkify.JaxRuntimeError, match=message.replace("(", r"\(").replace("[", r"\[")):
     err.throw()
   if problem in ("NaN logit", "empty row"):  # defined results without checked mode
-    drawn, _ = jax.jit(PLAIN.draw)(x, state, allowed)
+    drawn, _ = jax.jit(PLAIN.pick_with_info)(x, state, allowed)
     assert np.all((np.asarray(drawn.token) >= 0) & (np.asarray(drawn.token) < V))
 
 
@@ -87,17 +87,17 @@ def test_nan_and_empty_rows_can_be_left_to_the_defined_result():
   lenient = PLAIN.checked(nan=False, empty=False)
   x, state, allowed = fine()
   x[1] = np.nan
-  err, (drawn, _) = jax.jit(checkify.checkify(lenient.draw))(x, state, allowed)
+  err, (drawn, _) = jax.jit(checkify.checkify(lenient.pick_with_info))(x, state, allowed)
   assert err.get() is None
   assert not bool(drawn.valid[1])
-  err, _ = jax.jit(checkify.checkify(lenient.draw))(x, set_row(state, "top_p", 0, 0.0), allowed)
+  err, _ = jax.jit(checkify.checkify(lenient.pick_with_info))(x, set_row(state, "top_p", 0, 0.0), allowed)
   assert "top_p" in err.get()
 
 
 def test_token_ids_given_to_seed_and_accept():
-  sampler = jsample.llama_cpp(window=WINDOW, vocab_size=V).checked()
+  sampler = jsample.llama_cpp(window_size=WINDOW, vocab_size=V).checked()
   state = sampler.init(seed=[0, 1])
-  seed = jax.jit(checkify.checkify(sampler.seed))
+  seed = jax.jit(checkify.checkify(sampler.load_prompt))
   assert seed(state, jnp.array([[3, -1], [4, 5]]))[0].get() is None
   assert "prompt: token ids must be in [-1, 40)" in seed(state, jnp.array([[3, -1], [4, 40]]))[0].get()
   assert "prompt" in seed(state, jnp.array([[3, -5], [4, 5]]))[0].get()

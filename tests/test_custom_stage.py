@@ -41,7 +41,7 @@ def test_a_stage_written_outside_the_library_joins_a_chain():
   xs = np.stack([rows.row(rng, 2000, kind) for kind in ("normal", "peaked") * 8])
   eps = rng.choice([1e-4, 1e-3, 3e-2], len(xs))
   for budget in (16, 1024):  # mostly the full-vocabulary path, then mostly candidates
-    sampler = jsample.chain(epsilon(), jsample.temperature(0.7), candidates=budget)
+    sampler = jsample.chain(epsilon(), jsample.temperature(0.7), budget=budget)
     state = sampler.init(seed=np.arange(len(xs)), epsilon=eps)
     probs = np.asarray(jax.jit(sampler.probs)(jnp.asarray(xs), state), np.float64)
     for i, x in enumerate(xs):

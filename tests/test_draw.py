@@ -48,7 +48,7 @@ def chi_square(counts: np.ndarray, expected_probs: np.ndarray) -> float:
 def test_draws_follow_the_reference_distribution(settings, budget):
   rng = np.random.default_rng(0)
   x = (rng.normal(0, 1.5, 24)).astype(np.float32)
-  sampler = jsample.llama_cpp(window=8, candidates=budget)
+  sampler = jsample.llama_cpp(window_size=8, budget=budget)
   state = sampler.init(seed=np.arange(DRAWS), prompt=PROMPT, **settings)
   tokens, _ = jax.jit(sampler.pick)(jnp.broadcast_to(jnp.asarray(x), (DRAWS, x.size)), state)
   counts = np.bincount(np.asarray(tokens), minlength=x.size)
@@ -64,7 +64,7 @@ def test_draws_follow_the_reference_distribution(settings, budget):
 def test_draws_are_independent_across_positions():
   # One seed, many positions: the step key is fold_in(key, position).
   x = np.log(np.array([0.5, 0.3, 0.2], np.float32))
-  sampler = jsample.chain(jsample.temperature(1.0), window=0)
+  sampler = jsample.chain(jsample.temperature(1.0), window_size=0)
   state = sampler.init(seed=11)
 
   def step(state, _):
@@ -84,7 +84,7 @@ def test_tail_tokens_are_reachable():
   # one at a rate this close to 1e-5; 56 bits of resolution can.
   tail, n = 1e-5, 2_000_000
   x = jnp.log(jnp.array([1 - tail, tail], jnp.float32))
-  sampler = jsample.chain(jsample.temperature(1.0), window=0)
+  sampler = jsample.chain(jsample.temperature(1.0), window_size=0)
   tokens, _ = jax.jit(sampler.pick)(jnp.broadcast_to(x, (n, 2)), sampler.init(seed=np.arange(n)))
   hits = int(np.sum(np.asarray(tokens)))
   assert stats.poisson(tail * n).cdf(hits) > 1e-4 and stats.poisson(tail * n).sf(hits - 1) > 1e-4, hits
@@ -115,7 +115,7 @@ def test_greedy_takes_the_highest_logit_ties_to_the_lower_id():
 
 
 def full_path_tokens(sampler, x, state):
-  words = jax.vmap(noise.step_words)(state.key, state.position)
+  words = jax.vmap(noise.step_bits)(state.key, state.position)
   final = full_path_logits(sampler, x, state)
   ids = jnp.arange(x.shape[-1], dtype=jnp.int32)
   return jax.vmap(_finish, in_axes=(0, None, 0))(final, ids, words).token
@@ -125,7 +125,7 @@ def full_path_tokens(sampler, x, state):
 def test_token_depends_on_row_settings_seed_and_position_only(vocab):
   size = 64 if vocab < 262144 else 8
   xs, _, per_row, prompts = batch(vocab + 1, vocab, size)
-  sampler = jsample.llama_cpp(window=WINDOW, candidates=64)
+  sampler = jsample.llama_cpp(window_size=WINDOW, budget=64)
   state = sampler.init(seed=np.arange(size) * 7 + 1, prompt=prompts, **per_row)
   pick = jax.jit(sampler.pick)
   tokens, _ = pick(jnp.asarray(xs), state)
@@ -133,7 +133,7 @@ def test_token_depends_on_row_settings_seed_and_position_only(vocab):
   if vocab <= 50:  # jit or not (eager dispatch is slow: once, on small rows)
     np.testing.assert_array_equal(sampler.pick(jnp.asarray(xs), state)[0], tokens)
   # any candidate budget, and the full-vocabulary path alone
-  wide = jsample.llama_cpp(window=WINDOW, candidates=1024)
+  wide = jsample.llama_cpp(window_size=WINDOW, budget=1024)
   np.testing.assert_array_equal(jax.jit(wide.pick)(jnp.asarray(xs), state)[0], tokens)
   full = jax.jit(lambda x, s: full_path_tokens(sampler, x, s))(jnp.asarray(xs), state)
   np.testing.assert_array_equal(full, tokens)
@@ -148,7 +148,7 @@ def test_token_depends_on_row_settings_seed_and_position_only(vocab):
 
 def test_batch_size_and_padding_rows_do_not_matter():
   xs, _, per_row, prompts = batch(5, 300, 16)
-  sampler = jsample.llama_cpp(window=WINDOW)
+  sampler = jsample.llama_cpp(window_size=WINDOW)
   state = sampler.init(seed=np.arange(16), prompt=prompts, **per_row)
   tokens = np.asarray(jax.jit(sampler.pick)(jnp.asarray(xs), state)[0])
   # Pad to 64 rows with empty (-inf) rows and other settings.
@@ -164,7 +164,7 @@ def test_batch_size_and_padding_rows_do_not_matter():
 
 def test_vmap_over_rows_equals_a_loop_and_the_batched_call():
   xs, _, per_row, prompts = batch(9, 200, 12)
-  sampler = jsample.llama_cpp(window=WINDOW, candidates=16)
+  sampler = jsample.llama_cpp(window_size=WINDOW, budget=16)
   state = sampler.init(seed=np.arange(12), prompt=prompts, **per_row)
   mapped, mapped_state = jax.jit(jax.vmap(sampler.pick))(jnp.asarray(xs), state)
   batched, batched_state = jax.jit(sampler.pick)(jnp.asarray(xs), state)
@@ -206,7 +206,7 @@ def test_changing_settings_never_recompiles():
 
 
 def test_state_keeps_shape_and_dtype_through_scan_and_while_loop():
-  sampler = jsample.gemma(window=8)
+  sampler = jsample.gemma(window_size=8)
   x = jnp.asarray(np.random.default_rng(0).normal(size=(3, 64)), jnp.float32)
   state = sampler.init(seed=[1, 2, 3], prompt=[[5, 6], [7], []])
 
@@ -239,7 +239,7 @@ def test_state_keeps_shape_and_dtype_through_scan_and_while_loop():
 def test_half_precision_rows_sample_like_their_float32_values(dtype):
   xs, _, per_row, prompts = batch(13, 700, 24)
   low = jnp.asarray(np.where(np.isnan(xs), -np.inf, xs), dtype)
-  sampler = jsample.llama_cpp(window=WINDOW)
+  sampler = jsample.llama_cpp(window_size=WINDOW)
   state = sampler.init(seed=np.arange(24), prompt=prompts, **per_row)
   np.testing.assert_array_equal(
     jax.jit(sampler.pick)(low, state)[0], jax.jit(sampler.pick)(low.astype(jnp.float32), state)[0]
@@ -248,7 +248,7 @@ def test_half_precision_rows_sample_like_their_float32_values(dtype):
 
 def test_neutral_settings_are_the_identity():
   xs, _, _, prompts = batch(17, 400, 12)
-  sampler = jsample.llama_cpp(window=WINDOW)
+  sampler = jsample.llama_cpp(window_size=WINDOW)
   state = sampler.init(seed=0, prompt=prompts, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, penalty_last_n=-1)
   probs = np.asarray(jax.jit(sampler.probs)(jnp.asarray(xs), state), np.float64)
   for i, x in enumerate(xs):

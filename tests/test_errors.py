@@ -18,7 +18,7 @@ V = 16
 
 
 def sampler(**kwargs):
-  return jsample.llama_cpp(window=WINDOW, **kwargs)
+  return jsample.llama_cpp(window_size=WINDOW, **kwargs)
 
 
 # -- settings, at init and configure --------------------------------------------
@@ -112,7 +112,7 @@ def test_init_rejects_raw_uint32_key():
     (lambda: jsample.llama_cpp(temperature=NAN), "temperature"),
     (lambda: jsample.llama_cpp(top_p=0.0), "top_p"),
     (lambda: jsample.gemma(min_p=2.0), "min_p"),
-    (lambda: jsample.llama_cpp(penalty_last_n=100, window=WINDOW), "penalty_last_n"),
+    (lambda: jsample.llama_cpp(penalty_last_n=100, window_size=WINDOW), "penalty_last_n"),
     (lambda: jsample.chain(jsample.top_p(1.5)), "top_p"),
     (lambda: jsample.chain(jsample.penalties(repeat=0.0)), "repeat_penalty"),
   ],
@@ -128,10 +128,10 @@ def test_bad_defaults_are_rejected_by_construction_or_init(build, name):
 @pytest.mark.parametrize(
   "build, name",
   [
-    (lambda: jsample.chain(jsample.top_k(), window=-1), "window"),
-    (lambda: jsample.llama_cpp(window=-1), "window"),
-    (lambda: jsample.chain(jsample.top_k(), candidates=0), "candidates"),
-    (lambda: jsample.llama_cpp(candidates=0), "candidates"),
+    (lambda: jsample.chain(jsample.top_k(), window_size=-1), "window_size"),
+    (lambda: jsample.llama_cpp(window_size=-1), "window_size"),
+    (lambda: jsample.chain(jsample.top_k(), budget=0), "budget"),
+    (lambda: jsample.llama_cpp(budget=0), "budget"),
     (lambda: jsample.chain(jsample.top_k(), vocab_size=0), "vocab_size"),
     (lambda: jsample.chain(jsample.top_k(), "top_p"), "stages"),
     (lambda: jsample.chain(jsample.top_k, jsample.temperature()), "stages"),
@@ -169,7 +169,7 @@ def test_bad_prompt(prompt, how):
     if how == "init":
       s.init(seed=0, prompt=prompt)
     else:
-      s.seed(state, prompt)
+      s.load_prompt(state, prompt)
 
 
 def test_ids_up_to_vocab_size_are_fine():
@@ -191,9 +191,9 @@ def test_nested_3d_list_prompt_is_rejected():
 def test_batched_prompt_needs_batched_state():
   s = sampler()
   with pytest.raises(ValueError, match="prompt"):
-    s.seed(s.init(seed=0), np.array([[1, 2], [3, 4]]))
+    s.load_prompt(s.init(seed=0), np.array([[1, 2], [3, 4]]))
   with pytest.raises(ValueError, match="prompt"):
-    s.seed(s.init(seed=0), [[1, 2], [3]])
+    s.load_prompt(s.init(seed=0), [[1, 2], [3]])
 
 
 # -- inputs of pick, draw and probs --------------------------------------------
@@ -226,7 +226,7 @@ BAD_INPUTS = {
 
 
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("method", ["pick", "draw", "probs"])
+@pytest.mark.parametrize("method", ["pick", "pick_with_info", "probs"])
 @pytest.mark.parametrize("case", BAD_INPUTS)
 def test_bad_inputs(case, method, jit):
   logits, mask, name = BAD_INPUTS[case]
@@ -272,8 +272,8 @@ def test_accept_rejects_bad_token(token):
 # take the candidate path and the others the full-vocabulary path.
 
 ROWS = 8
-RUNTIME = jsample.llama_cpp(window=WINDOW, candidates=4)
-DRAW = jax.jit(RUNTIME.draw)
+RUNTIME = jsample.llama_cpp(window_size=WINDOW, budget=4)
+DRAW = jax.jit(RUNTIME.pick_with_info)
 PROBS = jax.jit(RUNTIME.probs)
 OPEN = dict(top_k=0, top_p=1.0, min_p=0.0)  # every finite token can be drawn
 

@@ -90,8 +90,8 @@ PADDED = 24  # every [B, V] batch below is padded to this many rows: one compila
 @functools.cache
 def compiled(recipe, candidates: int = 4):
   """The recipe's sampler and ``run(x, state, mask=None) -> (probs, Draw)`` on ``[B, V]``."""
-  sampler = recipe(window=WINDOW, candidates=candidates)
-  both = jax.jit(lambda x, state, mask: (sampler.probs(x, state, mask), sampler.draw(x, state, mask)[0]))
+  sampler = recipe(window_size=WINDOW, budget=candidates)
+  both = jax.jit(lambda x, state, mask: (sampler.probs(x, state, mask), sampler.pick_with_info(x, state, mask)[0]))
 
   def run(x, state, mask=None):
     rows = len(x)
@@ -206,11 +206,11 @@ def test_penalties_never_push_a_logit_to_infinity_or_nan():
 def test_several_positive_infinities_share_the_draw(stages, candidates):
   """+inf is the largest float, so +inf tokens tie: each is drawn equally often,
   whatever the chain and path; near that float, log Σ exp rounds to the largest logit."""
-  sampler = jsample.chain(*stages, candidates=candidates)
+  sampler = jsample.chain(*stages, budget=candidates)
   x = jnp.array([np.inf, 1.0, np.inf, F32_MAX, -np.inf, np.inf])
   probs = np.asarray(sampler.probs(x, sampler.init(seed=0)))
   np.testing.assert_allclose(probs, [0.25, 0, 0.25, 0.25, 0, 0.25], atol=1e-7)
-  draw = jax.jit(jax.vmap(lambda state: sampler.draw(x, state)[0]))
+  draw = jax.jit(jax.vmap(lambda state: sampler.pick_with_info(x, state)[0]))
   drawn = draw(sampler.init(seed=np.arange(400)))
   np.testing.assert_allclose(drawn.logprob, np.log(0.25), rtol=1e-6)
   counts = np.bincount(np.asarray(drawn.token), minlength=6)
@@ -241,7 +241,7 @@ def test_huge_magnitudes_and_subnormals():
 
 @pytest.mark.parametrize("candidates", [4, 64], ids=["full path", "candidate path"])
 def test_bfloat16_rows_of_exact_ties_go_to_the_lower_ids(candidates):
-  sampler = jsample.llama_cpp(window=WINDOW, candidates=candidates)
+  sampler = jsample.llama_cpp(window_size=WINDOW, budget=candidates)
   x = jnp.full((4, 1000), 1.5, jnp.bfloat16)
   state = sampler.init(seed=np.arange(4), temperature=[0.0, 1.0, 1.0, 1.0], top_k=[0, 3, 0, 0], top_p=[1, 1, 0.25, 1])
   probs, tokens = jax.jit(lambda x, state: (sampler.probs(x, state), sampler.pick(x, state)[0]))(x, state)
@@ -259,7 +259,7 @@ def test_bfloat16_rows_of_exact_ties_go_to_the_lower_ids(candidates):
   + [(jsample.llama_cpp, mask) for mask in ("bool", "packed", "packed, tail bits set", "packed, none allowed")],
 )
 def test_a_vocabulary_of_one(recipe, mask):
-  sampler = recipe(window=WINDOW)
+  sampler = recipe(window_size=WINDOW)
   allowed = {
     None: None,
     "bool": jnp.ones((3, 1), bool),
@@ -268,7 +268,7 @@ def test_a_vocabulary_of_one(recipe, mask):
     "packed, none allowed": jnp.full((3, 1), -2, jnp.int32),  # every bit but token 0's
   }[mask]
   state = sampler.init(seed=[0, 1, 2], prompt=[[0, 0], [], [0]], temperature=[0.0, 1.0, 1e9], repeat_penalty=1.5)
-  drawn, after = jax.jit(sampler.draw)(jnp.array([[0.5], [-3.0], [1e30]]), state, allowed)
+  drawn, after = jax.jit(sampler.pick_with_info)(jnp.array([[0.5], [-3.0], [1e30]]), state, allowed)
   np.testing.assert_array_equal(drawn.token, [0, 0, 0])
   np.testing.assert_array_equal(drawn.valid, [mask != "packed, none allowed"] * 3)
   np.testing.assert_array_equal(drawn.logprob, [0.0, 0.0, 0.0])
@@ -277,7 +277,7 @@ def test_a_vocabulary_of_one(recipe, mask):
 @pytest.mark.parametrize("vocab", [33, 1000])
 def test_packed_tail_bits_past_the_vocabulary_are_ignored(vocab):
   """Bits of the last word past ``V`` may hold anything (grammar engines leave them set)."""
-  sampler = jsample.llama_cpp(window=WINDOW, candidates=4, top_k=0, top_p=1.0, min_p=0.0, temperature=1.0)
+  sampler = jsample.llama_cpp(window_size=WINDOW, budget=4, top_k=0, top_p=1.0, min_p=0.0, temperature=1.0)
   x = jnp.asarray(np.random.default_rng(vocab).normal(size=(3, vocab)), jnp.float32)
   allowed = np.zeros((3, vocab), bool)
   allowed[0, -1] = True  # only the last token
@@ -297,11 +297,11 @@ def test_packed_tail_bits_past_the_vocabulary_are_ignored(vocab):
   "recipe, mask", [(recipe, None) for recipe in RECIPES] + [(jsample.llama_cpp, "bool"), (jsample.llama_cpp, "packed")]
 )
 def test_a_batch_of_no_rows(recipe, mask):
-  sampler = recipe(window=WINDOW)
+  sampler = recipe(window_size=WINDOW)
   state = sampler.init(seed=np.zeros(0, np.int64), prompt=np.zeros((0, 3), np.int32))
   allowed = {None: None, "bool": jnp.ones((0, V), bool), "packed": jnp.ones((0, 1), jnp.int32)}[mask]
   x = jnp.zeros((0, V))
-  both = jax.jit(lambda x, state, mask: (sampler.probs(x, state, mask), sampler.draw(x, state, mask)))
+  both = jax.jit(lambda x, state, mask: (sampler.probs(x, state, mask), sampler.pick_with_info(x, state, mask)))
   probs, (drawn, after) = both(x, state, allowed)
   assert drawn.token.shape == (0,) and after.window.shape == (0, WINDOW) and probs.shape == (0, V)
   assert sampler.init(batch=0).position.shape == (0,)
@@ -339,7 +339,7 @@ def test_traced_ids_outside_the_vocabulary_are_ignored():
   x = np.random.default_rng(4).normal(size=(2, V)).astype(np.float32)
   best = int(np.argmax(x[0]))
   settings = dict(repeat_penalty=3.0, frequency_penalty=1.0, top_k=0, top_p=1.0, min_p=0.0, temperature=1.0)
-  seed = jax.jit(sampler.seed)
+  seed = jax.jit(sampler.load_prompt)
   clean = seed(sampler.init(seed=[5, 6], **settings), jnp.array([[best, -1, -1, -1], [best, best, -1, -1]]))
   hostile = seed(sampler.init(seed=[5, 6], **settings), jnp.array([[best, -5, V, V + 99], [-7, best, best, 2**30]]))
   accepted = jax.jit(sampler.accept)(hostile, jnp.array([-3, V + 1]))
@@ -368,7 +368,7 @@ def test_ties_created_by_temperature_in_a_temperature_first_chain():
   x = jnp.asarray(np.random.default_rng(0).normal(size=200), jnp.float32)
   kept = []
   for candidates in (2, 256):  # top-k 3 > 2 candidates: the full path
-    sampler = jsample.hf(candidates=candidates, window=4)
+    sampler = jsample.hf(budget=candidates, window_size=4)
     state = sampler.init(seed=0, temperature=3e38, top_k=3)
     kept.append(np.flatnonzero(jax.jit(sampler.probs)(x, state)).tolist())
   assert kept[0] == kept[1]

@@ -81,14 +81,14 @@ CONFIGS = [
 
 @functools.cache
 def sampler(chain: str, candidates: int = 8):
-  return CHAINS[chain](window=WINDOW, candidates=candidates)
+  return CHAINS[chain](window_size=WINDOW, budget=candidates)
 
 
 @functools.cache
 def run(chain: str, candidates: int = 8):
   """``(probs, draw)`` of a batch in one compiled function."""
   s = sampler(chain, candidates)
-  return jax.jit(lambda x, state, mask: (s.probs(x, state, mask), s.draw(x, state, mask)[0]))
+  return jax.jit(lambda x, state, mask: (s.probs(x, state, mask), s.pick_with_info(x, state, mask)[0]))
 
 
 # -- what hypothesis draws ---------------------------------------------------------

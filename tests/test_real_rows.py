@@ -35,7 +35,7 @@ def logits():
 def test_real_rows_match_the_reference(logits, recipe, stages_of, settings):
   size = logits.shape[0]
   prompts = [[int(t) for t in np.argsort(-row.astype(np.float32))[i % 3 : i % 3 + 6]] for i, row in enumerate(logits)]
-  sampler = recipe(window=WINDOW)
+  sampler = recipe(window_size=WINDOW)
   state = sampler.init(seed=np.arange(size), prompt=prompts, **settings)
   x = jnp.asarray(logits)  # float16, as recorded
   probs = jax.jit(sampler.probs)(x, state)
@@ -50,7 +50,7 @@ def test_real_rows_match_the_reference(logits, recipe, stages_of, settings):
 
 def test_llama_cpp_defaults_without_top_k_stay_on_the_candidate_path(logits):
   # Real nuclei are small: top-p 0.95 and min-p 0.05 settle within K = 64.
-  sampler = jsample.llama_cpp(candidates=64)
+  sampler = jsample.llama_cpp(budget=64)
   state = sampler.init(seed=np.arange(logits.shape[0]), top_k=0)
   rows, state, _ = sampler._prepare(jnp.asarray(logits), state, None)
   _, fast = sampler._candidates(rows, state)

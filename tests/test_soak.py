@@ -21,7 +21,7 @@ import jsample
 STEPS = int(os.environ.get("JSAMPLE_SOAK_STEPS", "1000"))
 CHUNK = min(1000, STEPS // 4)  # steps per compiled scan; the settings change between chunks
 B, V, WINDOW = 64, 1024, 32
-SAMPLER = jsample.llama_cpp(window=WINDOW, candidates=64)
+SAMPLER = jsample.llama_cpp(window_size=WINDOW, budget=64)
 
 
 def rss_mib() -> float:
@@ -64,7 +64,7 @@ def run_chunk(state, key, start):
   def step(carry, i):
     state, digest, broken = carry
     logits, mask = step_inputs(key, start + i)
-    drawn, state = SAMPLER.draw(logits, state, mask)
+    drawn, state = SAMPLER.pick_with_info(logits, state, mask)
     token = drawn.token
     allowed = jsample.unpack_mask(mask, V)[jnp.arange(B), token]
     finite = jnp.isfinite(jnp.take_along_axis(logits, token[:, None], axis=1)[:, 0])

@@ -10,7 +10,7 @@ import jsample
 W = 4
 V = 8
 ROWS = 8
-SAMPLER = jsample.llama_cpp(window=W)
+SAMPLER = jsample.llama_cpp(window_size=W)
 PICK = jax.jit(SAMPLER.pick)  # every pick below is [ROWS, V] float32: one compilation
 
 
@@ -114,7 +114,7 @@ def test_init_with_typed_keys():
 )
 def test_recipe_defaults(recipe, defaults):
   sampler = recipe()
-  assert sampler.window == 64
+  assert sampler.window_size == 64
   state = sampler.init(seed=0)
   assert state.window.shape == (64,)
   neutral = dict(repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0, penalty_last_n=-1)
@@ -124,7 +124,7 @@ def test_recipe_defaults(recipe, defaults):
 
 
 def test_recipe_overrides():
-  sampler = jsample.gemma(temperature=0.3, top_k=5, window=16)
+  sampler = jsample.gemma(temperature=0.3, top_k=5, window_size=16)
   state = sampler.init(seed=0)
   assert state.window.shape == (16,)
   assert float(state.settings["temperature"]) == pytest.approx(0.3)
@@ -150,7 +150,7 @@ def test_seed_keeps_the_last_w_tokens():
     one = SAMPLER.init(seed=0, prompt=prompts[length])
     np.testing.assert_array_equal(one.window, ring(prompts[length]))
     assert int(one.position) == length
-    assert_same_state(one, SAMPLER.seed(SAMPLER.init(seed=0), np.asarray(prompts[length], np.int32)))
+    assert_same_state(one, SAMPLER.load_prompt(SAMPLER.init(seed=0), np.asarray(prompts[length], np.int32)))
 
 
 def test_padding_is_skipped_anywhere():
@@ -174,7 +174,7 @@ def test_ragged_list_of_lists():
   state = SAMPLER.init(seed=[0, 1, 2, 3], prompt=prompts)
   np.testing.assert_array_equal(state.position, [6, 1, 0, 2])
   np.testing.assert_array_equal(state.window, np.stack([ring(p) for p in prompts]))
-  np.testing.assert_array_equal(state.window, SAMPLER.seed(SAMPLER.init(batch=4), prompts).window)
+  np.testing.assert_array_equal(state.window, SAMPLER.load_prompt(SAMPLER.init(batch=4), prompts).window)
 
 
 def test_1d_prompt_goes_into_every_row():
@@ -182,7 +182,7 @@ def test_1d_prompt_goes_into_every_row():
   for state in (
     SAMPLER.init(seed=[0, 1, 2], prompt=prompt),
     SAMPLER.init(batch=3, prompt=np.asarray(prompt)),
-    SAMPLER.seed(SAMPLER.init(top_p=[0.5, 0.6, 0.7]), jnp.asarray(prompt)),
+    SAMPLER.load_prompt(SAMPLER.init(top_p=[0.5, 0.6, 0.7]), jnp.asarray(prompt)),
   ):
     assert state.position.shape == (3,)
     np.testing.assert_array_equal(state.position, 5)
@@ -191,21 +191,21 @@ def test_1d_prompt_goes_into_every_row():
 
 def test_seeding_twice_appends():
   once = SAMPLER.init(seed=0, prompt=[1, 2, 3])
-  twice = SAMPLER.seed(once, [4, 5, 6])
+  twice = SAMPLER.load_prompt(once, [4, 5, 6])
   assert_same_state(twice, SAMPLER.init(seed=0, prompt=[1, 2, 3, 4, 5, 6]))
   first = np.array([[1, 2], [3, -1], [-1, -1]])
   second = np.array([[4, 5, 6], [-1, 7, -1], [8, -1, -1]])
-  state = SAMPLER.seed(SAMPLER.init(seed=[0, 1, 2], prompt=first), second)
+  state = SAMPLER.load_prompt(SAMPLER.init(seed=[0, 1, 2], prompt=first), second)
   expected = [[1, 2, 4, 5, 6], [3, 7], [8]]
   np.testing.assert_array_equal(state.position, [5, 2, 1])
   np.testing.assert_array_equal(state.window, np.stack([ring(p) for p in expected]))
 
 
-def test_seed_under_jit():
+def test_load_prompt_under_jit():
   prompt = np.array([[1, 2, 3, 4, 5], [-1, -1, 6, 7, 8]], np.int32)
   state = SAMPLER.init(seed=[0, 1], prompt=[9])
-  eager = SAMPLER.seed(state, prompt)
-  traced = jax.jit(SAMPLER.seed)(state, jnp.asarray(prompt))
+  eager = SAMPLER.load_prompt(state, prompt)
+  traced = jax.jit(SAMPLER.load_prompt)(state, jnp.asarray(prompt))
   assert_same_state(eager, traced)
   np.testing.assert_array_equal(traced.window, np.stack([ring([9, 1, 2, 3, 4, 5]), ring([9, 6, 7, 8])]))
 
@@ -253,14 +253,14 @@ def test_pick_accepts_its_own_token():
 
 
 def test_window_zero():
-  sampler = jsample.llama_cpp(window=0, temperature=0.0, repeat_penalty=2.0)
+  sampler = jsample.llama_cpp(window_size=0, temperature=0.0, repeat_penalty=2.0)
   one = sampler.init(seed=0, prompt=[2, 2, 1])
   assert one.window.shape == (0,) and int(one.position) == 3
   state = sampler.init(seed=np.arange(ROWS), prompt=[[2, 2], [1], [], [3]] * 2, penalty_last_n=[-1, 0] * 4)
   assert state.window.shape == (ROWS, 0)
   np.testing.assert_array_equal(state.position, [2, 1, 0, 1] * 2)
   logits = jnp.broadcast_to(jnp.array([0.0, 1.0, 1.5, 0.5, -1.0, -2.0, 0.2, 0.1]), (ROWS, V))
-  drawn, state = jax.jit(sampler.draw)(logits, state)
+  drawn, state = jax.jit(sampler.pick_with_info)(logits, state)
   np.testing.assert_array_equal(drawn.token, 2)  # nothing to penalise: the argmax
   np.testing.assert_array_equal(state.position, [3, 2, 1, 2] * 2)
   state = sampler.accept(state, jnp.zeros(ROWS, jnp.int32))

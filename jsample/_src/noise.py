@@ -32,7 +32,7 @@ def _mix(x: jax.Array) -> jax.Array:
   return x ^ (x >> 16)
 
 
-def step_words(key: jax.Array, position: jax.Array) -> jax.Array:
+def step_bits(key: jax.Array, position: jax.Array) -> jax.Array:
   """Two uint32 words that name one step of one row: ``fold_in(key, position)``.
 
   Args:
@@ -58,7 +58,7 @@ def uniform(words: jax.Array, ids: jax.Array) -> jax.Array:
   """A uniform in ``[0, 1)`` per token id, with 2^-56 resolution near zero.
 
   Args:
-    words: ``[2]`` uint32 from :func:`step_words`.
+    words: ``[2]`` uint32 from :func:`step_bits`.
     ids: token ids ``[N]`` int32.
 
   Returns:

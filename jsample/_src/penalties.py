@@ -76,7 +76,7 @@ def penalties(repeat: float = 1.0, frequency: float = 0.0, presence: float = 0.0
   For a token seen ``c > 0`` times: ``logit / repeat`` if the logit is
   positive, else ``logit * repeat``; then ``logit -= c * frequency + presence``
   (llama.cpp's arithmetic). The window includes the prompt once
-  :meth:`Sampler.seed` has loaded it.
+  :meth:`Sampler.load_prompt` has loaded it.
 
   Weights that only lower logits (``repeat >= 1``, ``frequency >= 0``,
   ``presence >= 0``) keep the candidate path exact: the ``K`` best penalised
@@ -95,7 +95,7 @@ def penalties(repeat: float = 1.0, frequency: float = 0.0, presence: float = 0.0
 
   Examples:
     >>> import jax.numpy as jnp, jsample
-    >>> sampler = jsample.chain(jsample.penalties(repeat=2.0), jsample.temperature(0.0), window=4)
+    >>> sampler = jsample.chain(jsample.penalties(repeat=2.0), jsample.temperature(0.0), window_size=4)
     >>> state = sampler.init(seed=0, prompt=[2])
     >>> token, state = sampler.pick(jnp.array([0.0, 1.0, 1.5]), state)
     >>> int(token)  # token 2 is penalised to 0.75, so token 1 wins

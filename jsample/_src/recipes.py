@@ -3,7 +3,7 @@
 Every recipe is a plain :func:`chain`. Its keyword arguments override the
 defaults of its settings (``temperature``, ``top_k``, ``top_p``, ``min_p``,
 ``repeat_penalty``, ``frequency_penalty``, ``presence_penalty``,
-``penalty_last_n``) and its static sizes (``window``, ``candidates``,
+``penalty_last_n``) and its static sizes (``window_size``, ``budget``,
 ``vocab_size``).
 """
 
@@ -36,8 +36,8 @@ def _build(
   frequency_penalty: float = 0.0,
   presence_penalty: float = 0.0,
   penalty_last_n: int = -1,
-  window: int = 64,
-  candidates: int = 128,
+  window_size: int = 64,
+  budget: int = 128,
   vocab_size: int | None = None,
 ) -> Sampler:
   stages = {
@@ -47,7 +47,7 @@ def _build(
     "min_p": min_p_stage(min_p),
     "temperature": temperature_stage(temperature),
   }
-  return chain(*(stages[name] for name in order), window=window, candidates=candidates, vocab_size=vocab_size)
+  return chain(*(stages[name] for name in order), window_size=window_size, budget=budget, vocab_size=vocab_size)
 
 
 _LLAMA_CPP_ORDER = ("penalties", "top_k", "top_p", "min_p", "temperature")

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jsample._src import checks, cut, masks, noise
+from jsample._src import checked, cut, masks, noise
 from jsample._src.stage import Candidates, Context, Setting, Stage, logsumexp, sort_candidates
 
 
@@ -34,7 +34,7 @@ class SamplerState(NamedTuple):
 
 
 class Draw(NamedTuple):
-  """What :meth:`Sampler.draw` returns besides the new state.
+  """What :meth:`Sampler.pick_with_info` returns besides the new state.
 
   Attributes:
     token: ``[B]`` int32, always in ``[0, V)``.
@@ -148,16 +148,16 @@ class Sampler:
   """
 
   stages: tuple[Stage, ...]
-  window: int = 64
-  candidates: int = 128
+  window_size: int = 64
+  budget: int = 128
   vocab_size: int | None = None
-  checking: checks.Checks | None = None
+  checking: checked.Checks | None = None
 
   def __post_init__(self):
-    if self.window < 0:
-      raise ValueError(f"window: must be >= 0; got {self.window}")
-    if self.candidates < 1:
-      raise ValueError(f"candidates: must be >= 1; got {self.candidates}")
+    if self.window_size < 0:
+      raise ValueError(f"window_size: must be >= 0; got {self.window_size}")
+    if self.budget < 1:
+      raise ValueError(f"budget: must be >= 1; got {self.budget}")
     if self.vocab_size is not None and self.vocab_size < 1:
       raise ValueError(f"vocab_size: must be >= 1; got {self.vocab_size}")
     names = [s.name for stage in self.stages for s in stage.settings]
@@ -176,9 +176,9 @@ class Sampler:
 
   def _check(self, name: str, value) -> None:
     _check_setting(self.settings[name], value)
-    if name == "penalty_last_n" and _is_concrete(value) and np.any(np.asarray(value) > self.window):
+    if name == "penalty_last_n" and _is_concrete(value) and np.any(np.asarray(value) > self.window_size):
       raise ValueError(
-        f"penalty_last_n: must be <= window={self.window} (the ring buffer's capacity); got {value!r}. "
+        f"penalty_last_n: must be <= window={self.window_size} (the ring buffer's capacity); got {value!r}. "
         "Build the sampler with a larger window."
       )
 
@@ -220,7 +220,7 @@ class Sampler:
       >>> print(err.get())  # err.throw() raises it  # doctest: +ELLIPSIS
       top_p: must be in (0, 1]; row 1 holds 0.0 ...
     """
-    return dataclasses.replace(self, checking=checks.Checks(nan=nan, empty=empty))
+    return dataclasses.replace(self, checking=checked.Checks(nan=nan, empty=empty))
 
   # -- state ------------------------------------------------------------------
 
@@ -230,7 +230,7 @@ class Sampler:
     Args:
       seed: int or ``[B]`` ints; each row's stream. Defaults to 0.
       prompt: optional ``[L]``, ``[B, L]`` (padded with ``-1``) or a list of
-        lists of token ids, loaded into the window as by :meth:`seed`.
+        lists of token ids, loaded into the window as by :meth:`load_prompt`.
       key: typed PRNG keys ``[]`` or ``[B]``, instead of ``seed``.
       batch: ``B``, when no other argument says it.
       **settings: values for the chain's settings (``temperature=0.7``,
@@ -294,10 +294,10 @@ class Sampler:
     state = SamplerState(
       key=key,
       position=jnp.zeros(rows, jnp.int32),
-      window=jnp.full(rows + (self.window,), -1, jnp.int32),
+      window=jnp.full(rows + (self.window_size,), -1, jnp.int32),
       settings=values,
     )
-    return state if prompt is None else self.seed(state, prompt)
+    return state if prompt is None else self.load_prompt(state, prompt)
 
   def configure(self, state: SamplerState, **settings) -> SamplerState:
     """Returns ``state`` with new setting values; nothing recompiles.
@@ -317,7 +317,7 @@ class Sampler:
     updated = {name: jnp.broadcast_to(fresh.settings[name], rows) for name in settings}
     return state._replace(settings={**state.settings, **updated})
 
-  def seed(self, state: SamplerState, prompt) -> SamplerState:
+  def load_prompt(self, state: SamplerState, prompt) -> SamplerState:
     """Loads prompt tokens into the window, as llama-server does before its first draw.
 
     Args:
@@ -332,7 +332,7 @@ class Sampler:
     prompt = _as_prompt(prompt)
     _check_tokens("prompt", prompt, self.vocab_size, lowest=-1)
     if self.checking:
-      checks.tokens("prompt", prompt, self.vocab_size, lowest=-1)
+      checked.tokens("prompt", prompt, self.vocab_size, lowest=-1)
     batched = state.position.ndim == 1
     if prompt.ndim == 2 and not batched:
       raise ValueError(f"prompt: a [B, L] prompt needs a batched state; got shape {prompt.shape}")
@@ -358,7 +358,7 @@ class Sampler:
       raise ValueError(f"token: must be integer token ids; got dtype {jnp.asarray(token).dtype}")
     _check_tokens("token", token, self.vocab_size, lowest=0)
     if self.checking:
-      checks.tokens("token", token, self.vocab_size, lowest=0)
+      checked.tokens("token", token, self.vocab_size, lowest=0)
     token = jnp.asarray(token, jnp.int32)
     if token.shape != state.position.shape:
       raise ValueError(f"token: must have shape {state.position.shape} to match the state; got {token.shape}")
@@ -393,13 +393,13 @@ class Sampler:
     drawn, state = self._draw(logits, state, mask, logprob=False)
     return drawn.token, state
 
-  def draw(self, logits: jax.Array, state: SamplerState, mask=None) -> tuple[Draw, SamplerState]:
+  def pick_with_info(self, logits: jax.Array, state: SamplerState, mask=None) -> tuple[Draw, SamplerState]:
     """Like :meth:`pick`, returning a :class:`Draw` (token, valid, logprob).
 
     Examples:
       >>> import jax.numpy as jnp, jsample
       >>> sampler = jsample.llama_cpp()
-      >>> drawn, state = sampler.draw(jnp.full(8, -jnp.inf), sampler.init(seed=0))
+      >>> drawn, state = sampler.pick_with_info(jnp.full(8, -jnp.inf), sampler.init(seed=0))
       >>> bool(drawn.valid), int(drawn.token)  # nothing survives: flagged, in range
       (False, 0)
     """
@@ -407,7 +407,7 @@ class Sampler:
 
   def _draw(self, logits, state: SamplerState, mask, *, logprob: bool) -> tuple[Draw, SamplerState]:
     rows, state, single = self._prepare(logits, state, mask)
-    words = jax.vmap(noise.step_words)(state.key, state.position)
+    words = jax.vmap(noise.step_bits)(state.key, state.position)
     cands, ok = self._candidates(rows, state)
     fast = jax.vmap(_finish)(cands.logits, cands.ids, words)
 
@@ -420,7 +420,7 @@ class Sampler:
 
     drawn = _per_row(ok, fast, slow, *rows, state.settings, state.window, state.position, words)
     if self.checking:
-      checks.drawn(self, drawn.valid)
+      checked.drawn(self, drawn.valid)
     # A row where nothing survived still advances, with an empty window slot.
     accepted = jnp.where(drawn.valid, drawn.token, -1)
     window, position = jax.vmap(_accept)(state.window, state.position, accepted)
@@ -480,7 +480,7 @@ class Sampler:
       mask = jnp.asarray(mask)
       masks.check(mask, logits.shape)
     if self.checking:
-      checks.inputs(self, logits, state)
+      checked.inputs(self, logits, state)
     single = logits.ndim == 1
     if single:
       logits, mask = logits[None], None if mask is None else mask[None]
@@ -494,8 +494,8 @@ class Sampler:
     # Penalties that only lower logits change the window's tokens alone, so at
     # most min(W, K) of the best K + min(W, K) raw tokens fall out of the K best;
     # _cut_row checks that and flags a row when more did.
-    extra = min(self.window, self.candidates) if any(s.before_cut for s in self.stages) else 0
-    wide = min(vocab, self.candidates + extra)
+    extra = min(self.window_size, self.budget) if any(s.before_cut for s in self.stages) else 0
+    wide = min(vocab, self.budget + extra)
     logits, ids = cut.top_candidates(*rows, wide)
     candidates = jax.vmap(functools.partial(self._cut_row, vocab=vocab))(logits, ids, *per_row)
     # The row's log-normaliser costs an exp per token, so the chain first runs
@@ -531,7 +531,7 @@ class Sampler:
       c = stage.on_candidates(c, settings, ctx)
     if before:
       ids, penalised = sort_candidates(c.ids, c.logits)
-      kept = min(self.candidates, wide)
+      kept = min(self.budget, wide)
       c = c._replace(
         ids=ids[:kept],
         logits=penalised[:kept],
@@ -602,7 +602,7 @@ def _finish(logits: jax.Array, ids: jax.Array, words: jax.Array) -> Draw:
   return Draw(token, valid, jnp.where(valid, chosen - logsumexp(logits), 0.0))
 
 
-def chain(*stages: Stage, window: int = 64, candidates: int = 128, vocab_size: int | None = None) -> Sampler:
+def chain(*stages: Stage, window_size: int = 64, budget: int = 128, vocab_size: int | None = None) -> Sampler:
   """Composes stages, in the order given, into a :class:`Sampler`.
 
   The sampler draws from whatever survives the last stage: with temperature
@@ -627,4 +627,4 @@ def chain(*stages: Stage, window: int = 64, candidates: int = 128, vocab_size: i
   for stage in stages:
     if not isinstance(stage, Stage):
       raise ValueError(f"stages: expected Stage objects (jsample.top_k(...), ...); got {stage!r}")
-  return Sampler(tuple(stages), window=window, candidates=candidates, vocab_size=vocab_size)
+  return Sampler(tuple(stages), window_size=window_size, budget=budget, vocab_size=vocab_size)

@@ -58,8 +58,8 @@ def settings(sampler, state) -> None:
     _report(ok, f"{name}: must be {allowed}; row {{at}} holds {{value}}", value)
   if "penalty_last_n" in state.settings:
     last_n = state.settings["penalty_last_n"]
-    message = f"penalty_last_n: must be <= window={sampler.window}; row {{at}} holds {{value}}"
-    _report(last_n <= sampler.window, message, last_n)
+    message = f"penalty_last_n: must be <= window={sampler.window_size}; row {{at}} holds {{value}}"
+    _report(last_n <= sampler.window_size, message, last_n)
 
 
 def tokens(name: str, ids: jax.Array, vocab: int | None, lowest: int) -> None:
