@@ -62,38 +62,64 @@ class Workload(NamedTuple):
   mask_fraction: float | None  # share of the vocabulary a packed mask allows
 
 
+QUARTERS = (  # the mixed batch's four kinds of row: temperature, top_k, top_p, min_p, repeat_penalty
+  (0.0, 64, 0.95, 0.05, 1.1),  # greedy
+  (1.0, 0, 0.95, 0.0, 1.0),  # top-p only
+  (1.0, 0, 1.0, 0.05, 1.0),  # min-p only
+  (1.0, 64, 0.95, 0.05, 1.1),  # the default chain
+)
+NAMES = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty")
+
+
 def _mixed(batch: int) -> dict:
   """A quarter each: greedy, top-p only, min-p only, the default chain."""
   quarter = np.arange(batch) * 4 // max(batch, 1)
-  pick = lambda *values: [values[q] for q in quarter]  # noqa: E731
-  return dict(
-    temperature=pick(0.0, 1.0, 1.0, 1.0),
-    top_k=pick(64, 0, 0, 64),
-    top_p=pick(0.95, 0.95, 1.0, 0.95),
-    min_p=pick(0.05, 0.0, 0.05, 0.05),
-    repeat_penalty=pick(1.1, 1.0, 1.0, 1.1),
-  )
+  return {name: [QUARTERS[q][i] for q in quarter] for i, name in enumerate(NAMES)}
 
 
-def workloads(batch: int) -> list[Workload]:
-  """The eight workloads of issue 3, (a) to (h)."""
-  chain = jsample.gemma()
-  return [
+def workloads(batch: int, strategy: str | None = None, quarters: bool = False) -> list[Workload]:
+  """The eight workloads of issue 3, (a) to (h); with ``quarters``, also each quarter of (e) alone.
+
+  ``strategy`` goes to every recipe as ``strategy=...`` when given, and not at all otherwise.
+  """
+  opts = {} if strategy is None else {"strategy": strategy}
+  chain = jsample.gemma(**opts)
+  out = [
     Workload("a", "default chain, repeat 1.1, W=64", chain, dict(repeat_penalty=1.1), 64, None),
     Workload(
-      "b", "llama.cpp order, top-k off, p .95, min-p .05", jsample.llama_cpp(), dict(top_k=0, min_p=0.05), 0, None
+      "b",
+      "llama.cpp order, top-k off, p .95, min-p .05",
+      jsample.llama_cpp(**opts),
+      dict(top_k=0, min_p=0.05),
+      0,
+      None,
     ),
     Workload(
-      "c", "temperature first, T 1.6, p .9, top-k off", jsample.hf(), dict(temperature=1.6, top_p=0.9, top_k=0), 0, None
+      "c",
+      "temperature first, T 1.6, p .9, top-k off",
+      jsample.hf(**opts),
+      dict(temperature=1.6, top_p=0.9, top_k=0),
+      0,
+      None,
     ),
     Workload("d", "greedy", chain, dict(temperature=0.0), 0, None),
     Workload("e", "mixed batch (greedy / top-p / min-p / default)", chain, _mixed(batch), 64, None),
     Workload("f", "default chain, packed mask allowing 10%", chain, dict(repeat_penalty=1.1), 64, 0.1),
     Workload("g", "pure sampling, T 1, no truncation", chain, dict(top_k=0, top_p=1.0, min_p=0.0), 0, None),
     Workload(
-      "h", "default chain, repeat 1.1, W=1024", jsample.gemma(window_size=1024), dict(repeat_penalty=1.1), 1024, None
+      "h",
+      "default chain, repeat 1.1, W=1024",
+      jsample.gemma(window_size=1024, **opts),
+      dict(repeat_penalty=1.1),
+      1024,
+      None,
     ),
   ]
+  if quarters:
+    for q, values in enumerate(QUARTERS):
+      settings = dict(zip(NAMES, values, strict=True))
+      out.append(Workload(f"e{q + 1}", f"quarter {q + 1} of (e) alone", chain, settings, 64, None))
+  return out
 
 
 def inputs(work: Workload, logits: np.ndarray, seed: int = 0):

@@ -48,3 +48,82 @@ def test_baseline_draws_follow_the_reference(base):
   counts = np.bincount(np.asarray(tokens), minlength=x.size)
   assert counts[~alive].sum() == 0
   assert stats.chisquare(counts[alive], want[alive] * n).pvalue > 1e-4
+
+
+# -- the harness: loops, strategies, PyTorch peers, target tables ---------------------------------------------------
+
+
+def test_a_loop_step_costs_what_a_call_does_and_sees_changing_logits():
+  from bench import run
+
+  logits = jnp.asarray(np.random.default_rng(0).normal(size=(3, 64)), jnp.float32)
+  seen = []
+
+  def step(i, x, carry):
+    seen.append(x.shape)
+    return jnp.argmax(x, axis=-1), carry
+
+  assert run.looped(step, logits, (), steps=3, reps=1) > 0
+  assert seen == [(3, 64)]  # traced once, inside the loop
+
+
+def test_strategy_goes_to_the_recipes_only_when_given(monkeypatch):
+  import jsample
+  from bench import workloads
+
+  calls = []
+  stub = jsample.chain(jsample.temperature(1.0))
+  for name in ("gemma", "llama_cpp", "hf"):
+    monkeypatch.setattr(workloads.jsample, name, lambda **kw: calls.append(kw) or stub)
+  workloads.workloads(4)
+  assert calls and not any("strategy" in kw for kw in calls)
+  calls.clear()
+  labels = [w.label for w in workloads.workloads(4, strategy="accelerator", quarters=True)]
+  assert calls and all(kw["strategy"] == "accelerator" for kw in calls)
+  assert labels == list("abcdefgh") + ["e1", "e2", "e3", "e4"]
+
+
+def test_mixed_batch_is_its_four_quarters():
+  from bench import workloads
+
+  mixed = workloads._mixed(8)
+  for q, values in enumerate(workloads.QUARTERS):
+    for name, value in zip(workloads.NAMES, values, strict=True):
+      assert mixed[name][2 * q : 2 * q + 2] == [value, value]
+
+
+def test_torch_peers_are_skipped_without_torch():
+  from bench import torch_peers
+
+  try:
+    import torch  # noqa: F401
+  except ImportError:
+    assert not torch_peers.available()
+  else:
+    x = torch_peers.tensor(np.random.default_rng(0).normal(size=(4, 100)).astype(np.float32), "float32")
+    for peer in torch_peers.PEERS:
+      tokens = peer.sample(x, 1.0, 5, 0.9, 0.05)
+      assert tuple(tokens.shape) == (4,) and int(tokens.min()) >= 0 and int(tokens.max()) < 100
+
+
+def test_accelerator_targets_read_b256_and_b1():
+  from bench import run
+
+  def entry(batch, workload, ratio):
+    return dict(vocab=262144, batch=batch, dtype="float32", rows="real", workload=workload, ratio=ratio)
+
+  results = [entry(256, w, r) for w, r in dict(a=3.0, b=7.0, c=10.0, d=1.1, g=3.0, e=2.0).items()]
+  results += [entry(256, f"e{q}", r) for q, r in zip(range(1, 5), (1.0, 2.0, 1.5, 1.2), strict=True)]
+  results += [entry(256, "c:torch vllm sort", 35.0), entry(1, "a", 2.0)]
+  checks = {what: met for what, _, met in run.targets(results, accelerator=True)}
+  assert checks == {
+    "(d) real B=256 <= 1.2x": True,
+    "(a) real B=256 <= 4.0x": True,
+    "(b) real B=256 <= 6.0x": False,
+    "(c) real B=256 <= 30.0x": True,
+    "(g) real B=256 <= 3.5x": True,
+    "(c) real B=256 >= 3.0x faster than vLLM sort": True,
+    "(e) real B=256 <= 1.2x its slowest quarter": True,
+    "(a) real B=1 <= 2.5x": True,
+  }
+  assert run.targets(results, accelerator=False) == []  # the CPU's table reads B=64
