@@ -159,8 +159,12 @@ def _noise(words: jax.Array, vocab: int) -> jax.Array:
 def race(logits: jax.Array, words: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Draws one survivor per row: ``jax.vmap(noise.race_row)(logits, words)``, without a branch.
 
-  ``argmax(logits + gumbel)`` over every id, ties to the lower id, in one fused
-  pass (noise, score and a variadic argmax).
+  ``argmax(logits + gumbel)`` over every id, ties to the lower id: the noise, the
+  score and a variadic argmax (best score and its id together, no second pass).
+  ``race_row`` reads only the groups whose bound can win, but falls back to the
+  whole row when too many can, and that choice is a branch: as a select, the
+  fallback would run every time. So every id is scored here; each group's top
+  noise is built once, not once per id as ``noise.gumbel`` does.
 
   Args:
     logits: ``[B, V]`` float32, ``-inf`` (or NaN) for removed tokens.
