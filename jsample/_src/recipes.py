@@ -4,7 +4,7 @@ Every recipe is a plain :func:`chain`. Its keyword arguments override the
 defaults of its settings (``temperature``, ``top_k``, ``top_p``, ``min_p``,
 ``repeat_penalty``, ``frequency_penalty``, ``presence_penalty``,
 ``penalty_last_n``) and its static sizes (``window_size``, ``budget``,
-``vocab_size``).
+``vocab_size``) and ``strategy``.
 """
 
 import inspect
@@ -39,6 +39,7 @@ def _build(
   window_size: int = 64,
   budget: int = 128,
   vocab_size: int | None = None,
+  strategy: str = "auto",
 ) -> Sampler:
   stages = {
     "penalties": penalties(repeat_penalty, frequency_penalty, presence_penalty, penalty_last_n),
@@ -47,7 +48,9 @@ def _build(
     "min_p": min_p_stage(min_p),
     "temperature": temperature_stage(temperature),
   }
-  return chain(*(stages[name] for name in order), window_size=window_size, budget=budget, vocab_size=vocab_size)
+  return chain(
+    *(stages[name] for name in order), window_size=window_size, budget=budget, vocab_size=vocab_size, strategy=strategy
+  )
 
 
 _LLAMA_CPP_ORDER = ("penalties", "top_k", "top_p", "min_p", "temperature")
