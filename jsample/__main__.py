@@ -183,7 +183,7 @@ def cli(argv=None) -> int:
   """The ``jsample`` command: ``generate ...``, or ``[demo] ...`` for :func:`main`."""
   argv = sys.argv[1:] if argv is None else list(argv)
   if argv[:1] == ["generate"]:
-    from jsample import generate
+    from jsample.models import generate
 
     generate.keep_compiled_programs()
     return generate.main(argv[1:])
