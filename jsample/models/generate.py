@@ -22,6 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import jsample
+from jsample.models import gemma3
+from jsample.models import text as text_lib
+from jsample.models.weights import MissingExtra, cache_root
 
 DEFAULT_PROMPT = "Once upon a time, in a small village by the sea,"
 CONTEXT = 4096  # positions this implementation supports (prompt + generated); the prompt's attention is [L, L]
@@ -79,16 +82,12 @@ class Stats:
 
 
 def _prefill(sampler, model, tokens, lengths, state, size):
-  from jsample.models import gemma3
-
   logits, cache = gemma3.prefill(model, tokens, lengths, size)
   token, state = sampler.pick(logits, state)
   return token, state, cache, logits
 
 
 def _step(sampler, model, token, position, cache, state):
-  from jsample.models import gemma3
-
   logits, cache = gemma3.decode(model, token, position, cache)
   token, state = sampler.pick(logits, state)
   return token, position + 1, cache, state
@@ -131,13 +130,11 @@ class Generator:
 
     ``self.stats`` holds the timings once the generator is exhausted or closed.
     """
-    from jsample.models.text import pad
-
     ids = self.encode(prompts)
     batch, longest = len(ids), max(len(r) for r in ids)
     max_tokens = min(max_tokens, CONTEXT - longest)
     size = min(CONTEXT, -(-(longest + max_tokens) // CACHE_MULTIPLE) * CACHE_MULTIPLE)
-    tokens, lengths = (jnp.asarray(a) for a in pad(ids, PROMPT_MULTIPLE))
+    tokens, lengths = (jnp.asarray(a) for a in text_lib.pad(ids, PROMPT_MULTIPLE))
     state = self.sampler.init(seed=np.arange(seed, seed + batch), prompt=ids, **settings)
     self.stats = stats = Stats(batch=batch, prompt_tokens=int(sum(len(r) for r in ids)))
     if max_tokens <= 0:
@@ -231,8 +228,6 @@ def keep_compiled_programs() -> None:
 
   The ``jsample`` command calls it; it changes JAX's global configuration, so library code does not.
   """
-  from jsample.models.weights import cache_root
-
   jax.config.update("jax_compilation_cache_dir", str(cache_root() / "xla"))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
@@ -249,9 +244,6 @@ def main(argv=None) -> int:
     jsample.gemma().init(seed=np.arange(args.seed, args.seed + args.batch), **settings)
   except ValueError as error:
     cli.error(str(error))
-
-  from jsample.models import text as text_lib
-  from jsample.models.weights import MissingExtra
 
   start = time.perf_counter()
   try:
