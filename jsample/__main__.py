@@ -14,13 +14,13 @@ Examples:
 
 import argparse
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import jsample
+from jsample._timing import seconds
 
 RECIPES = {"llama_cpp": jsample.llama_cpp, "gemma": jsample.gemma, "hf": jsample.hf}
 ROW_SEED = 0  # the row is fixed; --seed moves only the draw
@@ -101,17 +101,6 @@ def staged(stage: jsample.Stage, vocab: int):
     return out, row_stats(out)
 
   return jax.jit(apply)
-
-
-def seconds(fn, *args, repeats: int = 20) -> float:
-  """Median wall time of ``fn(*args)`` after one warm-up call."""
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return float(np.median(times))
 
 
 def many_draws(sampler: jsample.Sampler, logits: jax.Array, state: jsample.SamplerState, seeds) -> np.ndarray:

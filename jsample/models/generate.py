@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jsample
+from jsample._timing import seconds
 from jsample.models import gemma3
 from jsample.models import text as text_lib
 from jsample.models.weights import MissingExtra, cache_root
@@ -178,13 +179,7 @@ class Generator:
 
   def time_sampler(self, logits: jax.Array, state: jsample.SamplerState, repeats: int = 20) -> float:
     """Median seconds of ``jax.jit(sampler.pick)`` alone on ``logits`` ``[B, V]``."""
-    jax.block_until_ready(self._pick(logits, state))
-    times = []
-    for _ in range(repeats):
-      start = time.perf_counter()
-      jax.block_until_ready(self._pick(logits, state))
-      times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return seconds(self._pick, logits, state, repeats=repeats)
 
 
 # -- the command line ----------------------------------------------------------------------------------------------
