@@ -19,7 +19,7 @@ import numpy as np
 
 import jsample
 from bench import baselines, workloads
-from jsample.__main__ import seconds
+from jsample._timing import seconds
 
 # Issue 3's limits at V=262144, B=64, float32: ratio to the read floor, by workload.
 TARGETS = {

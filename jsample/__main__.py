@@ -14,13 +14,13 @@ Examples:
 
 import argparse
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import jsample
+from jsample._timing import seconds
 
 RECIPES = {"llama_cpp": jsample.llama_cpp, "gemma": jsample.gemma, "hf": jsample.hf}
 ROW_SEED = 0  # the row is fixed; --seed moves only the draw
@@ -103,17 +103,6 @@ def staged(stage: jsample.Stage, vocab: int):
   return jax.jit(apply)
 
 
-def seconds(fn, *args, repeats: int = 20) -> float:
-  """Median wall time of ``fn(*args)`` after one warm-up call."""
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return float(np.median(times))
-
-
 def many_draws(sampler: jsample.Sampler, logits: jax.Array, state: jsample.SamplerState, seeds) -> np.ndarray:
   """Tokens ``[N]`` drawn with ``seeds`` ``[N]`` in one jitted call, batched over the key only.
 
@@ -183,7 +172,7 @@ def cli(argv=None) -> int:
   """The ``jsample`` command: ``generate ...``, or ``[demo] ...`` for :func:`main`."""
   argv = sys.argv[1:] if argv is None else list(argv)
   if argv[:1] == ["generate"]:
-    from jsample import generate
+    from jsample.models import generate
 
     generate.keep_compiled_programs()
     return generate.main(argv[1:])

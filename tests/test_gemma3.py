@@ -14,8 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jsample import generate
-from jsample.models import gemma3, text, tokenizer, weights
+from jsample.models import gemma3, generate, text, tokenizer, weights
 
 REFERENCE = pathlib.Path(__file__).resolve().parents[2] / "shared" / "reference" / "gemma3-270m-llamacpp.json"
 
@@ -238,7 +237,7 @@ def test_missing_extra_names_the_install_command(tmp_path, monkeypatch, capsys):
 
 def test_the_core_never_imports_the_extra():
   code = (
-    "import sys, jsample; core = 'jsample.models' in sys.modules; import jsample.models, jsample.generate; "
+    "import sys, jsample; core = 'jsample.models' in sys.modules; import jsample.models, jsample.models.generate; "
     "print(core, sorted(m for m in sys.modules if 'gguf' in m))"
   )
   root = pathlib.Path(__file__).resolve().parents[1]

@@ -60,8 +60,8 @@ def test_bad_setting_is_a_usage_error(capsys):
 
 
 def test_jsample_command_dispatches(capsys, monkeypatch):
-  from jsample import generate
   from jsample.__main__ import cli
+  from jsample.models import generate
 
   kept = []
   monkeypatch.setattr(generate, "keep_compiled_programs", lambda: kept.append(True))  # JAX's config stays as is

@@ -22,6 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import jsample
+from jsample._timing import seconds
+from jsample.models import gemma3
+from jsample.models import text as text_lib
+from jsample.models.weights import DamagedCache, MissingExtra, cache_root
 
 DEFAULT_PROMPT = "Once upon a time, in a small village by the sea,"
 CONTEXT = 4096  # positions this implementation supports (prompt + generated); the prompt's attention is [L, L]
@@ -79,16 +83,12 @@ class Stats:
 
 
 def _prefill(sampler, model, tokens, lengths, state, size):
-  from jsample.models import gemma3
-
   logits, cache = gemma3.prefill(model, tokens, lengths, size)
   token, state = sampler.pick(logits, state)
   return token, state, cache, logits
 
 
 def _step(sampler, model, token, position, cache, state):
-  from jsample.models import gemma3
-
   logits, cache = gemma3.decode(model, token, position, cache)
   token, state = sampler.pick(logits, state)
   return token, position + 1, cache, state
@@ -131,13 +131,11 @@ class Generator:
 
     ``self.stats`` holds the timings once the generator is exhausted or closed.
     """
-    from jsample.models.text import pad
-
     ids = self.encode(prompts)
     batch, longest = len(ids), max(len(r) for r in ids)
     max_tokens = min(max_tokens, CONTEXT - longest)
     size = min(CONTEXT, -(-(longest + max_tokens) // CACHE_MULTIPLE) * CACHE_MULTIPLE)
-    tokens, lengths = (jnp.asarray(a) for a in pad(ids, PROMPT_MULTIPLE))
+    tokens, lengths = (jnp.asarray(a) for a in text_lib.pad(ids, PROMPT_MULTIPLE))
     state = self.sampler.init(seed=np.arange(seed, seed + batch), prompt=ids, **settings)
     self.stats = stats = Stats(batch=batch, prompt_tokens=int(sum(len(r) for r in ids)))
     if max_tokens <= 0:
@@ -181,13 +179,7 @@ class Generator:
 
   def time_sampler(self, logits: jax.Array, state: jsample.SamplerState, repeats: int = 20) -> float:
     """Median seconds of ``jax.jit(sampler.pick)`` alone on ``logits`` ``[B, V]``."""
-    jax.block_until_ready(self._pick(logits, state))
-    times = []
-    for _ in range(repeats):
-      start = time.perf_counter()
-      jax.block_until_ready(self._pick(logits, state))
-      times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return seconds(self._pick, logits, state, repeats=repeats)
 
 
 # -- the command line ----------------------------------------------------------------------------------------------
@@ -197,8 +189,9 @@ def parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
     prog="jsample generate",
     description="Gemma 3 270M writes text; jsample's Gemma recipe picks every token in a jitted decode loop.",
-    epilog="The first run dequantizes the model into ~/.cache/jsample (about 25 s, 1.1 GB); later runs start in "
-    "a few seconds. Timings go to stderr.",
+    epilog="The first run dequantizes the model into ~/.cache/jsample (about 30 s, 1.1 GB) and compiles (about "
+    "30 s), saying so on stderr; later runs start in a few seconds, and rebuild a damaged cache. Timings go to "
+    "stderr.",
   )
   p.add_argument(
     "prompt", nargs="?", default=DEFAULT_PROMPT, help=f"the text to continue (default: {DEFAULT_PROMPT!r})"
@@ -231,8 +224,6 @@ def keep_compiled_programs() -> None:
 
   The ``jsample`` command calls it; it changes JAX's global configuration, so library code does not.
   """
-  from jsample.models.weights import cache_root
-
   jax.config.update("jax_compilation_cache_dir", str(cache_root() / "xla"))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
@@ -250,13 +241,10 @@ def main(argv=None) -> int:
   except ValueError as error:
     cli.error(str(error))
 
-  from jsample.models import text as text_lib
-  from jsample.models.weights import MissingExtra
-
   start = time.perf_counter()
   try:
     text = text_lib.gemma3_270m()
-  except MissingExtra as error:
+  except (MissingExtra, DamagedCache) as error:
     print(f"jsample generate: {error}", file=sys.stderr)
     return 1
   except KeyboardInterrupt:  # the cache is written atomically: nothing half-written stays behind
@@ -271,7 +259,8 @@ def main(argv=None) -> int:
     cli.error(str(error))
   if len(ids) + args.max_tokens > CONTEXT:
     print(f"[the context ends after {CONTEXT - len(ids)} new tokens: it holds {CONTEXT}]", file=sys.stderr)
-  print(f"[loaded Gemma 3 270M in {loaded:.1f} s; compiling]", file=sys.stderr, flush=True)
+  compiling = "compiling the prefill and the decode step (about 30 s the first time; a few seconds once cached)"
+  print(f"[loaded Gemma 3 270M in {loaded:.1f} s; {compiling}]", file=sys.stderr, flush=True)
 
   tokenizer = text.tokenizer
   rows: list[list[int]] = [[] for _ in prompts]
