@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jsample
-from jsample._src.sampler import _softmax
+import jsample.testing
 from tests import reference, rows
 
 WINDOW = 16
@@ -48,15 +48,9 @@ def batch(seed: int, vocab: int, size: int, kinds=rows.KINDS):
   return np.stack(xs), all_settings, per_row, prompts
 
 
-def full_path_logits(sampler, x, state):
-  """The final logits ``[B, V]`` of the full-vocabulary path alone, for every row."""
-  rows_, state, _ = sampler._prepare(x, state, None)
-  return jax.vmap(sampler._full_row)(*rows_, state.settings, state.window, state.position)
-
-
 def full_path_probs(sampler, x, state):
   """Probabilities from the full-vocabulary path alone, for every row."""
-  return jax.vmap(_softmax)(full_path_logits(sampler, x, state))
+  return jsample.testing.full_path_probs(sampler, x, state)
 
 
 def check_against_reference(outputs, xs, all_settings, prompts, stages_of):

@@ -7,10 +7,10 @@ import pytest
 from scipy import stats
 
 import jsample
+import jsample.testing
 from jsample._src import noise
-from jsample._src.sampler import _finish
 from tests import reference, rows
-from tests.test_chain import WINDOW, batch, full_path_logits, llama_stages
+from tests.test_chain import WINDOW, batch, llama_stages
 
 DRAWS = 50_000
 
@@ -115,10 +115,7 @@ def test_greedy_takes_the_highest_logit_ties_to_the_lower_id():
 
 
 def full_path_tokens(sampler, x, state):
-  words = jax.vmap(noise.step_bits)(state.key, state.position)
-  final = full_path_logits(sampler, x, state)
-  ids = jnp.arange(x.shape[-1], dtype=jnp.int32)
-  return jax.vmap(_finish, in_axes=(0, None, 0))(final, ids, words).token
+  return jsample.testing.full_path_tokens(sampler, x, state)
 
 
 @pytest.mark.parametrize("vocab", [50, 1000, 262144])

@@ -25,9 +25,9 @@ def drawn_token(out: str) -> int:
 def test_table_has_every_stage_in_order(recipe, capsys):
   assert main(["--vocab", str(VOCAB), "--recipe", recipe, "--top-k", "5"]) == 0
   rows = table(capsys.readouterr().out)
-  names = ["raw"] + [stage.name for stage in getattr(jsample, recipe)().stages]
+  names = ["input"] + [stage.name for stage in getattr(jsample, recipe)().stages]
   assert list(rows) == names
-  assert int(rows["raw"][0]) == VOCAB
+  assert int(rows["input"][0]) == VOCAB
   assert int(rows["top_k"][0]) == 5
   survivors = [int(r[0]) for r in rows.values()]
   assert all(1 <= s <= VOCAB for s in survivors)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import jsample
+import jsample.testing
 from tests.test_chain import WINDOW, check_against_reference, full_path_probs, hf_stages, llama_stages
 from tests.test_draw import full_path_tokens
 
@@ -52,6 +53,4 @@ def test_llama_cpp_defaults_without_top_k_stay_on_the_candidate_path(logits):
   # Real nuclei are small: top-p 0.95 and min-p 0.05 settle within K = 64.
   sampler = jsample.llama_cpp(budget=64)
   state = sampler.init(seed=np.arange(logits.shape[0]), top_k=0)
-  rows, state, _ = sampler._prepare(jnp.asarray(logits), state, None)
-  _, fast = sampler._candidates(rows, state)
-  assert bool(jnp.all(fast))
+  assert bool(jnp.all(jsample.testing.decided_on_candidates(sampler, jnp.asarray(logits), state)))

@@ -1,7 +1,7 @@
 """Samplers: a chain of stages and the pure functions that run it."""
 
 import dataclasses
-from typing import NamedTuple
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -14,8 +14,12 @@ from jsample._src.stage import Setting, Stage
 from jsample._src.state import SamplerState, append, as_prompt, load
 
 
-class StageView(NamedTuple):
-  """One stage's effect on a batch of rows, from :meth:`Sampler.explain`.
+@functools.partial(
+  jax.tree_util.register_dataclass, data_fields=["survivors", "entropy", "ids", "probs"], meta_fields=["name"]
+)
+@dataclasses.dataclass(frozen=True)
+class StageView:
+  """One stage's effect on a batch of rows, from :meth:`Sampler.explain`; a pytree (``name`` is static).
 
   Attributes:
     name: the stage (``"input"`` for the cleaned, masked row before any stage).

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jsample
+from jsample._flags import add_setting_flags, chosen_settings
 from jsample._timing import seconds
 from jsample.models import gemma3
 from jsample.models import text as text_lib
@@ -199,12 +200,7 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--max-tokens", type=int, default=64, metavar="N", help="tokens to generate per row (64)")
   p.add_argument("--seed", type=int, default=0, metavar="S", help="row i draws with seed S + i (0)")
   p.add_argument("--batch", type=int, default=1, metavar="N", help="rows generated together from the prompt (1)")
-  recipe = " (default: the Gemma recipe's)"
-  p.add_argument("--temperature", type=float, help="<= 0 is greedy" + recipe)
-  p.add_argument("--top-k", type=int, help="<= 0 keeps all" + recipe)
-  p.add_argument("--top-p", type=float, help="in (0, 1]; 1 keeps all" + recipe)
-  p.add_argument("--min-p", type=float, help="in [0, 1]; 0 keeps all" + recipe)
-  p.add_argument("--repeat-penalty", type=float, help="> 0, 1 is neutral, over the last 64 tokens" + recipe)
+  add_setting_flags(p, jsample.gemma().settings.values(), "the Gemma recipe's")
   return p
 
 
@@ -234,8 +230,7 @@ def main(argv=None) -> int:
   args = cli.parse_args(argv)
   if args.max_tokens < 1 or args.batch < 1:
     cli.error("--max-tokens and --batch must be >= 1")
-  names = ["temperature", "top_k", "top_p", "min_p", "repeat_penalty"]
-  settings = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+  settings = chosen_settings(args, jsample.gemma().settings.values())
   try:
     jsample.gemma().init(seed=np.arange(args.seed, args.seed + args.batch), **settings)
   except ValueError as error:
