@@ -60,10 +60,27 @@ def full_path_tokens(sampler: Sampler, logits, state, mask=None, **inputs) -> ja
   return out[0] if single else out
 
 
+def candidate_path(sampler: Sampler, logits, state, mask=None, *, statistics: bool = True, **inputs):
+  """The candidate path alone: ``(Draw [B], decided [B])``.
+
+  With ``statistics=False`` it stops before the row statistics, as a call does
+  when the candidates decide every row without them.
+  """
+  (raw, mask), rows, single, plan = sampler._prepare(logits, state, dict(inputs, mask=mask))
+  (cands, ok), refine = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, plan)
+  if statistics:
+    refined, better = refine()
+    cands = jax.tree.map(lambda a, b: jnp.where(ok.reshape(ok.shape + (1,) * (a.ndim - 1)), a, b), cands, refined)
+    ok = ok | better
+  drawn = jax.vmap(draw.on_candidates)(cands.logits, cands.ids, rows.bits)
+  return jax.tree.map(lambda a: a[0], (drawn, ok)) if single else (drawn, ok)
+
+
 def decided_on_candidates(sampler: Sampler, logits, state, mask=None, **inputs) -> jax.Array:
   """``[B]`` bool: which rows the candidate path decides (the others take the full path)."""
   (raw, mask), rows, single, plan = sampler._prepare(logits, state, dict(inputs, mask=mask))
-  _, ok = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, plan)
+  (_, ok), refine = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, plan)
+  ok = ok | refine()[1]
   return ok[0] if single else ok
 
 

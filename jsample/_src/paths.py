@@ -58,10 +58,14 @@ def stat_stage(stages: tuple[Stage, ...]) -> int | None:
   return next((i for i, stage in enumerate(stages) if stage.row_stat is not None), None)
 
 
-def candidates(
-  stages: tuple[Stage, ...], budget: int, raw: jax.Array, mask, rows: Rows, strategy: Strategy
-) -> tuple[Candidates, jax.Array]:
-  """Runs the chain on candidates; returns them ``[B, K]`` and the rows they decide."""
+def candidates(stages: tuple[Stage, ...], budget: int, raw: jax.Array, mask, rows: Rows, strategy: Strategy):
+  """The chain on candidates ``[B, K]``: ``(first, refine)``.
+
+  ``first`` runs without the row statistics, which cost passes over ``V``;
+  ``refine()`` runs again with them. Each returns the candidates and the rows
+  they decide (``exact & complete``); the strategy calls ``refine`` only where
+  some row needs it.
+  """
   vocab = raw.shape[-1]
   touchers = tuple(stage for stage in stages if stage.touches is not None)
   touched = _touched(touchers, rows, vocab, strategy)
@@ -72,17 +76,16 @@ def candidates(
   cut_rows = jax.vmap(functools.partial(_cut_row, touchers, budget, extra, vocab, strategy))
   cands = cut_rows(raw, mask, logits, ids, touched, rows)
   chain_rows = jax.vmap(functools.partial(_chain_row, stages, vocab, strategy))
-  # The row statistics cost passes over V, so the chain first runs without
-  # them; the strategy computes them where some row needs them.
-  first = chain_rows(cands, rows, jnp.zeros(top.shape, jnp.float32))
 
-  def with_statistics():
+  def decided(c: Candidates) -> tuple[Candidates, jax.Array]:
+    return c, c.exact & c.complete
+
+  def refine():
     log_z, stat = statistics(stages, raw, mask, top, rows, strategy)
     known = cands._replace(log_z=log_z, log_z_known=jnp.ones(top.shape, bool))
-    return chain_rows(known, rows, stat)
+    return decided(chain_rows(known, rows, stat))
 
-  final = strategy.lazy(first.exact & first.complete, first, with_statistics)
-  return final, final.exact & final.complete
+  return decided(chain_rows(cands, rows, jnp.zeros(top.shape, jnp.float32))), refine
 
 
 def statistics(stages, raw, mask, top, rows: Rows, strategy: Strategy) -> tuple[jax.Array, jax.Array]:
@@ -130,7 +133,9 @@ def _cut_row(touchers, budget: int, extra: int, vocab: int, strategy, raw, mask,
   order = jnp.sort(touched)
   repeat = jnp.concatenate([jnp.zeros(1, bool), order[1:] == order[:-1]])
   ranked = jnp.sort(ids)
-  found = jnp.take(ranked, jnp.clip(jnp.searchsorted(ranked, order), 0, wide - 1)) == order
+  # searchsorted's default is a loop (a scan): compare or sort instead.
+  method = "compare_all" if wide * order.shape[0] <= 65536 else "sort"
+  found = jnp.take(ranked, jnp.clip(jnp.searchsorted(ranked, order, method=method), 0, wide - 1)) == order
   outside = (order < 0) | (order >= vocab)
   empty = repeat | found | outside
   beside = jnp.where(empty, vocab, order)

@@ -1,5 +1,7 @@
 """Repetition, frequency and presence penalties over the recent-token window."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -64,7 +66,8 @@ def _counts(ids: jax.Array, recent: jax.Array) -> jax.Array:
   if width <= 128:  # comparing every pair is cheapest for short windows
     return jnp.sum(ids[:, None] == recent[None, :], axis=1)
   ordered = jnp.sort(recent)
-  return jnp.searchsorted(ordered, ids, side="right") - jnp.searchsorted(ordered, ids, side="left")
+  count = functools.partial(jnp.searchsorted, ordered, ids, method="sort")  # no loop, unlike the default
+  return count(side="right") - count(side="left")
 
 
 def _usable(s: Settings) -> jax.Array:

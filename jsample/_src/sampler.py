@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jsample._src import checked, draw, noise, paths, strategy, validation
+from jsample._src import checked, draw, noise, paths, validation
+from jsample._src import strategy as strategies
 from jsample._src.draw import Draw
 from jsample._src.stage import Setting, Stage
 from jsample._src.state import SamplerState, append, as_prompt, load
@@ -68,8 +69,8 @@ class Sampler:
         raise ValueError(f"{name}: must be >= {least}; got {value}")
     if self.vocab_size is not None and self.vocab_size < 1:
       raise ValueError(f"vocab_size: must be >= 1; got {self.vocab_size}")
-    if self.strategy not in strategy.NAMES:
-      raise ValueError(f"strategy: must be one of {strategy.NAMES}; got {self.strategy!r}")
+    if self.strategy not in strategies.NAMES:
+      raise ValueError(f"strategy: must be one of {strategies.NAMES}; got {self.strategy!r}")
     names = [s.name for stage in self.stages for s in stage.settings]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
@@ -359,16 +360,17 @@ class Sampler:
       [0.0, 0.667, 0.333]
     """
     (raw, mask), rows, single, plan = self._prepare(logits, state, dict(inputs, mask=mask))
-    cands, ok = paths.candidates(self.stages, self.budget, raw, mask, rows, plan)
     vocab = raw.shape[-1]
 
-    def spread(logits, ids):
-      return jnp.zeros(vocab, jnp.float32).at[ids].set(draw.softmax(logits), mode="drop")
+    def spread(cands):
+      return jax.vmap(lambda x, ids: jnp.zeros(vocab, jnp.float32).at[ids].set(draw.softmax(x), mode="drop"))(
+        cands.logits, cands.ids
+      )
 
     def slow(raw, mask, row):
       return draw.softmax(paths.full_row(self.stages, raw, mask, row, plan))
 
-    out = plan.fallback(ok, jax.vmap(spread)(cands.logits, cands.ids), slow, raw, mask, rows)
+    out = self._decide(raw, mask, rows, plan, spread, slow)
     return out[0] if single else out
 
   def explain(self, logits: jax.Array, state: SamplerState, mask=None, *, top: int = 5, **inputs) -> list[StageView]:
@@ -418,22 +420,33 @@ class Sampler:
 
   def _draw(self, logits, state: SamplerState, inputs: dict, *, logprob: bool) -> tuple[Draw, SamplerState]:
     (raw, mask), rows, single, plan = self._prepare(logits, state, inputs)
-    cands, ok = paths.candidates(self.stages, self.budget, raw, mask, rows, plan)
-    fast = jax.vmap(draw.on_candidates)(cands.logits, cands.ids, rows.bits)
     # pick drops the log-probability, and on a full row it costs an exp per token.
     needs_logprob = logprob or any(stage.update is not None for stage in self.stages)
+
+    def fast(cands):
+      return jax.vmap(draw.on_candidates)(cands.logits, cands.ids, rows.bits)
 
     def slow(raw, mask, row):
       final = paths.full_row(self.stages, raw, mask, row, plan)
       return draw.on_row(final, row.bits, plan.race_row, logprob=needs_logprob)
 
-    drawn = plan.fallback(ok, fast, slow, raw, mask, rows)
+    drawn = self._decide(raw, mask, rows, plan, fast, slow)
     if self.checking:
       checked.drawn(self, drawn.valid)
     state = self._advance(_batched(state, single), drawn, rows.inputs, raw.shape[-1])
     if single:
       drawn, state = jax.tree.map(lambda a: a[0], (drawn, state))
     return drawn, state
+
+  def _decide(self, raw, mask, rows: paths.Rows, plan: strategies.Strategy, fast, slow):
+    """``fast(candidates)`` for the rows the candidates decide, ``slow(row)`` for the others."""
+    (first, ok), refine = paths.candidates(self.stages, self.budget, raw, mask, rows, plan)
+
+    def refined():
+      cands, better = refine()
+      return fast(cands), better
+
+    return plan.decide(ok, fast(first), refined, slow, raw, mask, rows)
 
   def _advance(self, state: SamplerState, drawn: Draw, inputs: dict, vocab: int) -> SamplerState:
     """Accepts the drawn tokens and updates the stages' own state; batched rows."""
@@ -444,7 +457,7 @@ class Sampler:
     if updating:
       bits = jax.vmap(noise.step_bits)(state.key, state.position)
       rows = paths.Rows(state.settings, state.window, state.position, bits, inputs, state.stages)
-      plan = strategy.resolve(self.strategy)
+      plan = strategies.resolve(self.strategy)
 
       def update(stage, row, token, logprob):
         ctx = paths.context(stage, row, vocab, plan)
@@ -482,7 +495,7 @@ class Sampler:
     mask = given.pop("mask", None)
     bits = jax.vmap(noise.step_bits)(state.key, state.position)
     rows = paths.Rows(state.settings, state.window, state.position, bits, given, state.stages)
-    return (logits, mask), rows, single, strategy.resolve(self.strategy)
+    return (logits, mask), rows, single, strategies.resolve(self.strategy)
 
 
 def _batched(state: SamplerState, single: bool) -> SamplerState:

@@ -10,9 +10,9 @@ Both strategies compute the same tokens; they differ in how they skip work.
 - ``"accelerator"``: on a GPU every ``lax.cond`` or loop predicate makes the
   host wait for the device, and a per-row loop becomes thousands of round
   trips, while a fused pass over ``[B, V]`` costs about one read. So it is
-  batched and branch-free: one ``lax.cond`` per call, around the rare
-  full-vocabulary path, which then runs for the whole batch at once; searches
-  are unrolled; statistics are computed in the same pass as everything else.
+  batched and branch-free: one ``lax.cond`` per call, around the rare work
+  (the row statistics and the full-vocabulary path), which then runs for the
+  whole batch at once; searches are unrolled.
 
 ``"auto"`` picks the accelerator strategy on GPU and TPU backends at trace time.
 """
@@ -35,18 +35,17 @@ class Strategy(NamedTuple):
   Attributes:
     name: ``"cpu"`` or ``"accelerator"``.
     branch_free: whether the cut and the statistics avoid ``lax.cond``.
-    fallback: ``(ok [B], fast, slow, *rows) -> out``: per row, ``fast`` where
-      ``ok``, else ``slow(*row)``; pytrees batched over ``B``.
-    lazy: ``(ok [B], fast, compute) -> out``: per row, ``fast`` where ``ok``,
-      else the rows of ``compute()``, a batched function of no arguments.
+    decide: ``(ok [B], first, refine, slow, *rows) -> out``, per row: ``first``
+      where ``ok``; else the row of ``refine()`` (a batched ``(out, ok)``: the
+      candidate path again, with the row statistics) where that is ok; else
+      ``slow(*row)``, the full-vocabulary path. Pytrees batched over ``B``.
     search: the row kernel :func:`search.shortest_prefix` to use.
     race_row: ``(logits [V], bits [2]) -> (token, valid)`` over a whole row.
   """
 
   name: str
   branch_free: bool
-  fallback: Callable[..., Any]
-  lazy: Callable[..., Any]
+  decide: Callable[..., Any]
   search: Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
   race_row: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 
@@ -60,35 +59,36 @@ def _select(ok: jax.Array, fast, slow):
   return jax.tree.map(pick, fast, slow)
 
 
-def _rowwise(ok: jax.Array, fast, slow, *rows):
-  """``slow`` row by row, only for the rows that need it: its ``O(V)``
-  temporaries exist for one row at a time, and a batch where every row is
-  ``ok`` pays nothing for it. (Rows are indexed inside the loop, not mapped
-  over: mapping would copy the whole batch of logits first.)"""
+def _step_by_step(ok: jax.Array, first, refine, slow, *rows):
+  """Each rarer step only where needed: the statistics when some row needs
+  them, then the full path row by row (``lax.map``) for the rows that still
+  do, so that its ``O(V)`` temporaries exist for one row at a time. (Rows are
+  indexed inside the loop, not mapped over: mapping would copy the whole batch
+  of logits first.)"""
+  refined, better = lax.cond(jnp.all(ok), lambda: (first, ok), refine)
+  out, ok = _select(ok, first, refined), ok | better
 
   def one(i):
-    pick = jax.tree.map(lambda a: a[i], fast)
+    pick = jax.tree.map(lambda a: a[i], out)
     return lax.cond(ok[i], lambda: pick, lambda: slow(*jax.tree.map(lambda a: a[i], rows)))
 
   if not ok.shape[0]:  # no rows: nothing to index
-    return fast
+    return out
   # The loop carries the logits, which XLA copies in first: skip it when it has nothing to do.
-  return lax.cond(jnp.all(ok), lambda: fast, lambda: lax.map(one, jnp.arange(ok.shape[0])))
+  return lax.cond(jnp.all(ok), lambda: out, lambda: lax.map(one, jnp.arange(ok.shape[0])))
 
 
-def _skip_unless_needed(ok: jax.Array, fast, compute):
-  return _select(ok, fast, lax.cond(jnp.all(ok), lambda: fast, compute))
-
-
-def _batched(ok: jax.Array, fast, slow, *rows):
-  """``slow`` for the whole batch at once, behind the call's one ``lax.cond``."""
+def _all_at_once(ok: jax.Array, first, refine, slow, *rows):
+  """The statistics and the full path for the whole batch at once, behind the call's one ``lax.cond``."""
   if not ok.shape[0]:
-    return fast
-  return lax.cond(jnp.all(ok), lambda: fast, lambda: _select(ok, fast, jax.vmap(slow)(*rows)))
+    return first
 
+  def rare():
+    refined, better = refine()
+    out = _select(ok, first, refined)
+    return _select(ok | better, out, jax.vmap(slow)(*rows))
 
-def _always(ok: jax.Array, fast, compute):
-  return _select(ok, fast, compute())
+  return lax.cond(jnp.all(ok), lambda: first, rare)
 
 
 def _unrolled_search(logits: jax.Array, weight: jax.Array, target: jax.Array) -> jax.Array:
@@ -99,8 +99,8 @@ def _race_all(logits: jax.Array, bits: jax.Array) -> tuple[jax.Array, jax.Array]
   return noise.race(logits, jnp.arange(logits.shape[0], dtype=jnp.int32), bits)
 
 
-CPU = Strategy("cpu", False, _rowwise, _skip_unless_needed, search.shortest_prefix, noise.race_row)
-ACCELERATOR = Strategy("accelerator", True, _batched, _always, _unrolled_search, _race_all)
+CPU = Strategy("cpu", False, _step_by_step, search.shortest_prefix, noise.race_row)
+ACCELERATOR = Strategy("accelerator", True, _all_at_once, _unrolled_search, _race_all)
 
 
 def resolve(name: str) -> Strategy:
