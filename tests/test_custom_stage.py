@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jsample
-from tests import rows
+from tests.helpers import row
 
 
 def epsilon(eps: float = 3e-4) -> jsample.Stage:
@@ -38,7 +38,7 @@ def reference(x: np.ndarray, eps: float, t: float) -> np.ndarray:
 
 def test_a_stage_written_outside_the_library_joins_a_chain():
   rng = np.random.default_rng(0)
-  xs = np.stack([rows.row(rng, 2000, kind) for kind in ("normal", "peaked") * 8])
+  xs = np.stack([row(rng, 2000, kind) for kind in ("normal", "peaked") * 8])
   eps = rng.choice([1e-4, 1e-3, 3e-2], len(xs))
   for budget in (16, 1024):  # mostly the full-vocabulary path, then mostly candidates
     sampler = jsample.chain(epsilon(), jsample.temperature(0.7), budget=budget)
