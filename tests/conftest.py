@@ -2,6 +2,9 @@ import os
 from pathlib import Path
 
 import jax
+import pytest
+
+from bench import reference
 
 # equinox's strictness: a silent [B] x [B, V] broadcast or an implicit dtype
 # promotion fails the suite instead of producing a wrong token.
@@ -28,3 +31,20 @@ if (CACHE := compilation_cache()) is not None:
   jax.config.update("jax_compilation_cache_dir", CACHE)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+
+
+@pytest.fixture(scope="session")
+def reference_file():
+  """``reference_file(name)``: the path of a file of the shared reference data (bench/reference.py
+  finds it). A missing file skips the test, and fails it under CI (``$CI`` set), where the data
+  always lies beside the clone: a CI run never passes without the real-row tests."""
+
+  def find(name: str) -> Path:
+    path = reference.find(name)
+    if path is None:
+      if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+        pytest.fail(f"CI is set and {reference.missing(name)}")
+      pytest.skip(reference.missing(name))
+    return path
+
+  return find

@@ -1,7 +1,5 @@
 """Real next-token rows of Gemma 3 270M (recorded with llama.cpp) through the chain."""
 
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,7 +16,6 @@ from tests.helpers import (
   llama_stages,
 )
 
-ROWS = pathlib.Path(__file__).resolve().parents[2] / "shared" / "reference" / "gemma3-270m-rows.npz"
 SETTINGS = [
   dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),  # llama.cpp's defaults
   dict(temperature=1.0, top_k=64, top_p=0.95, min_p=0.05),  # Gemma's
@@ -30,10 +27,9 @@ SETTINGS = [
 
 
 @pytest.fixture(scope="module")
-def logits():
-  if not ROWS.exists():
-    pytest.skip(f"{ROWS} not found (the project's shared reference data)")
-  return np.load(ROWS)["logits"]
+def logits(reference_file):
+  with np.load(reference_file("gemma3-270m-rows.npz")) as data:
+    return data["logits"]
 
 
 @pytest.mark.parametrize("recipe, stages_of", [(jsample.llama_cpp, llama_stages), (jsample.hf, hf_stages)])
