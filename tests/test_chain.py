@@ -6,77 +6,7 @@ import numpy as np
 import pytest
 
 import jsample
-import jsample.testing
-from tests import reference, rows
-
-WINDOW = 16
-NUDGE = 2e-6  # relative; wider than the float32 rounding of a mass or a threshold
-
-
-def llama_stages(s: dict) -> list:
-  penalties = dict(
-    repeat=s["repeat_penalty"],
-    frequency=s["frequency_penalty"],
-    presence=s["presence_penalty"],
-    last_n=s["penalty_last_n"],
-  )
-  return [
-    ("penalties", penalties),
-    ("top_k", s["top_k"]),
-    ("top_p", s["top_p"]),
-    ("min_p", s["min_p"]),
-    ("temperature", s["temperature"]),
-  ]
-
-
-def hf_stages(s: dict) -> list:
-  llama = dict(llama_stages(s))
-  order = ["penalties", "temperature", "top_k", "top_p", "min_p"]
-  return [(name, llama[name]) for name in order]
-
-
-def batch(seed: int, vocab: int, size: int, kinds=rows.KINDS):
-  """``size`` random rows with random settings and prompts."""
-  rng = np.random.default_rng(seed)
-  xs, all_settings, prompts = [], [], []
-  for i in range(size):
-    x = rows.row(rng, vocab, kinds[i % len(kinds)])
-    xs.append(x)
-    all_settings.append(rows.settings(rng, vocab, WINDOW))
-    prompts.append(rows.prompt(rng, x, WINDOW))
-  per_row = {name: np.array([s[name] for s in all_settings]) for name in all_settings[0]}
-  return np.stack(xs), all_settings, per_row, prompts
-
-
-def full_path_probs(sampler, x, state):
-  """Probabilities from the full-vocabulary path alone, for every row."""
-  return jsample.testing.full_path_probs(sampler, x, state)
-
-
-def check_against_reference(outputs, xs, all_settings, prompts, stages_of):
-  """Each of ``outputs`` (probabilities ``[B, V]``) has the reference's survivors,
-  and its probabilities within 1e-6.
-
-  Where a top-p or min-p boundary lies within float32 rounding (the reference
-  nudged by ``NUDGE`` either way disagrees), the survivors must lie between the
-  two nudged sets, and the probabilities must be the reference's over them.
-  """
-  outputs = [np.asarray(probs, np.float64) for probs in outputs]
-  for i, (x, s, p) in enumerate(zip(xs, all_settings, prompts, strict=True)):
-    kwargs = dict(window=p[-WINDOW:])
-    mid = reference.probabilities(x, stages_of(s), **kwargs)
-    narrow, _ = reference.survivors_and_logits(x, stages_of(s), nudge=-NUDGE, **kwargs)
-    wide, final = reference.survivors_and_logits(x, stages_of(s), nudge=NUDGE, **kwargs)
-    for probs in outputs:
-      got = probs[i] > 0
-      expected = mid
-      if np.array_equal(narrow, wide):
-        np.testing.assert_array_equal(got, mid > 0, err_msg=f"row {i}: survivors, settings {s}")
-      else:
-        assert np.all(got <= wide) and np.all(narrow <= got), f"row {i}: survivors outside rounding, settings {s}"
-        expected = np.where(got, np.exp(final - final[got].max()), 0.0)
-        expected /= expected.sum()
-      np.testing.assert_allclose(probs[i], expected, atol=1e-6, err_msg=f"row {i}: probabilities, settings {s}")
+from tests.helpers import WINDOW, batch, check_against_reference, full_path_probs, hf_stages, llama_stages
 
 
 @pytest.mark.parametrize("recipe, stages_of", [(jsample.llama_cpp, llama_stages), (jsample.hf, hf_stages)])

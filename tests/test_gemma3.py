@@ -16,16 +16,12 @@ import pytest
 
 from jsample.models import gemma3, generate, text, tokenizer, weights
 
-REFERENCE = pathlib.Path(__file__).resolve().parents[2] / "shared" / "reference" / "gemma3-270m-llamacpp.json"
-
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def reference() -> list[dict]:
-  if not REFERENCE.exists():
-    pytest.skip(f"{REFERENCE} not found (the project's shared reference data)")
-  return json.loads(REFERENCE.read_text())["prompts"]
+def reference(reference_file) -> list[dict]:
+  return json.loads(reference_file("gemma3-270m-llamacpp.json").read_text())["prompts"]
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,5 @@
 """Real next-token rows of Gemma 3 270M (recorded with llama.cpp) through the chain."""
 
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,11 +7,16 @@ import pytest
 
 import jsample
 import jsample.testing
-from tests.test_chain import WINDOW, check_against_reference, full_path_probs, hf_stages, llama_stages
-from tests.test_draw import full_path_tokens
+from tests.helpers import (
+  NEUTRAL_PENALTIES,
+  WINDOW,
+  check_against_reference,
+  full_path_probs,
+  full_path_tokens,
+  hf_stages,
+  llama_stages,
+)
 
-ROWS = pathlib.Path(__file__).resolve().parents[2] / "shared" / "reference" / "gemma3-270m-rows.npz"
-NEUTRAL = dict(repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0, penalty_last_n=-1)
 SETTINGS = [
   dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),  # llama.cpp's defaults
   dict(temperature=1.0, top_k=64, top_p=0.95, min_p=0.05),  # Gemma's
@@ -25,10 +28,9 @@ SETTINGS = [
 
 
 @pytest.fixture(scope="module")
-def logits():
-  if not ROWS.exists():
-    pytest.skip(f"{ROWS} not found (the project's shared reference data)")
-  return np.load(ROWS)["logits"]
+def logits(reference_file):
+  with np.load(reference_file("gemma3-270m-rows.npz")) as data:
+    return data["logits"]
 
 
 @pytest.mark.parametrize("recipe, stages_of", [(jsample.llama_cpp, llama_stages), (jsample.hf, hf_stages)])
@@ -42,7 +44,7 @@ def test_real_rows_match_the_reference(logits, recipe, stages_of, settings):
   probs = jax.jit(sampler.probs)(x, state)
   rows = logits.astype(np.float32)
   full = jax.jit(lambda x, s: full_path_probs(sampler, x, s))(x.astype(jnp.float32), state)
-  check_against_reference([probs, full], rows, [{**NEUTRAL, **settings}] * size, prompts, stages_of)
+  check_against_reference([probs, full], rows, [{**NEUTRAL_PENALTIES, **settings}] * size, prompts, stages_of)
   tokens, _ = jax.jit(sampler.pick)(x, state)
   np.testing.assert_array_equal(
     tokens, jax.jit(lambda x, s: full_path_tokens(sampler, x, s))(x.astype(jnp.float32), state)
