@@ -37,6 +37,7 @@ def clean(raw: jax.Array, ids: jax.Array | None = None, mask: jax.Array | None =
   """
   x = jnp.where(jnp.isnan(raw), -jnp.inf, raw.astype(jnp.float32))
   if mask is not None:
+    assert ids is not None, "a mask needs the ids it is read at"
     x = jnp.where(masks.allowed_at(mask, ids), x, -jnp.inf)
   x = jnp.minimum(x, jnp.finfo(jnp.float32).max)
   return jnp.where(x == 0, 0.0, x)

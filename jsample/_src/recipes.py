@@ -7,14 +7,17 @@ defaults of its settings (``temperature``, ``top_k``, ``top_p``, ``min_p``,
 ``vocab_size``) and ``strategy``.
 """
 
+from collections.abc import Callable
+
 from jsample._src.penalties import penalties
 from jsample._src.sampler import Sampler, chain
+from jsample._src.stage import Stage
 from jsample._src.temperature import temperature as temperature_stage
 from jsample._src.truncation import min_p as min_p_stage
 from jsample._src.truncation import top_k as top_k_stage
 from jsample._src.truncation import top_p as top_p_stage
 
-_STAGES = {
+_STAGES: dict[str, Callable[[], Stage]] = {
   "penalties": penalties,
   "top_k": top_k_stage,
   "top_p": top_p_stage,

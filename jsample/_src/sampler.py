@@ -197,8 +197,8 @@ class Sampler:
     rows = () if not sizes else (next(iter(sizes.values())),)
 
     if key is None:
-      seeds = jnp.broadcast_to(jnp.asarray(0 if seed is None else seed, jnp.uint32), rows)
-      key = jax.vmap(jax.random.key)(seeds.reshape(-1)).reshape(rows)
+      per_row = jnp.broadcast_to(jnp.asarray(0 if seed is None else seed, jnp.uint32), rows)
+      key = jax.vmap(jax.random.key)(per_row.reshape(-1)).reshape(rows)
     else:
       key = jnp.broadcast_to(key, rows)
     values = {

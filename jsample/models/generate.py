@@ -116,7 +116,7 @@ class Generator:
     self._prefill = jax.jit(functools.partial(_prefill, self.sampler), static_argnames="size")
     self._step = jax.jit(functools.partial(_step, self.sampler), donate_argnames=("cache", "state"))
     self._pick = jax.jit(self.sampler.pick)
-    self._compiled = {}
+    self._compiled: dict = {}
     self.stats = Stats()
 
   def encode(self, prompts: list[str]) -> list[list[int]]:
