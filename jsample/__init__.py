@@ -9,6 +9,7 @@ from jsample._src.sampler import Sampler, StageView, chain
 from jsample._src.stage import Candidates, Context, Setting, Settings, Stage, elementwise
 from jsample._src.state import SamplerState
 from jsample._src.temperature import temperature
+from jsample._src.top_n_sigma import top_n_sigma
 from jsample._src.truncation import min_p, top_k, top_p
 
 __version__ = "0.1.0"
@@ -33,6 +34,7 @@ __all__ = [
   "penalties",
   "temperature",
   "top_k",
+  "top_n_sigma",
   "top_p",
   "unpack_mask",
 ]

@@ -48,6 +48,14 @@ CASES = {
 }
 
 
+def _top_n_sigma(x: np.ndarray, s: dict, window: list[int]) -> np.ndarray:
+  """llama.cpp's top-n-σ in float64: the population std of the finite logits."""
+  finite = x > -np.inf
+  if s["top_n_sigma"] <= 0 or not finite.any():
+    return x
+  return np.where(x >= x[finite].max() - s["top_n_sigma"] * x[finite].std(), x, -np.inf)
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_builtin_stage_conforms(name):
   stage, setting, settings = CASES[name]
@@ -56,6 +64,11 @@ def test_builtin_stage_conforms(name):
   else:
     ref = _one_stage(name, lambda s, setting=setting: s[setting])
   jsample.testing.assert_stage_conforms(stage, ref, settings)
+
+
+def test_top_n_sigma_conforms():
+  settings = [dict(top_n_sigma=1.013), dict(top_n_sigma=0.0), dict(top_n_sigma=2.517), dict(top_n_sigma=0.331)]
+  jsample.testing.assert_stage_conforms(jsample.top_n_sigma(), _top_n_sigma, settings)
 
 
 def test_the_suite_catches_a_wrong_stage():
