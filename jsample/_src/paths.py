@@ -74,18 +74,18 @@ def candidates(stages: tuple[Stage, ...], budget: int, raw: jax.Array, mask, row
   logits, ids = cut.top_candidates(raw, mask, wide, branch_free=strategy.branch_free)
   top = logits[:, 0]  # the cleaned row's best, before any stage
   cut_rows = jax.vmap(functools.partial(_cut_row, touchers, budget, extra, vocab, strategy))
-  cands = cut_rows(raw, mask, logits, ids, touched, rows)
   chain_rows = jax.vmap(functools.partial(_chain_row, stages, vocab, strategy))
 
-  def decided(c: Candidates) -> tuple[Candidates, jax.Array]:
+  def run(log_z, known, stat) -> tuple[Candidates, jax.Array]:
+    c = chain_rows(cut_rows(raw, mask, logits, ids, touched, rows, log_z, known), rows, stat)
     return c, c.exact & c.complete
 
   def refine():
     log_z, stat = statistics(stages, raw, mask, top, rows, strategy)
-    known = cands._replace(log_z=log_z, log_z_known=jnp.ones(top.shape, bool))
-    return decided(chain_rows(known, rows, stat))
+    return run(log_z, jnp.ones(top.shape, bool), stat)
 
-  return decided(chain_rows(cands, rows, jnp.zeros(top.shape, jnp.float32))), refine
+  unknown = jnp.zeros(top.shape, jnp.float32)
+  return run(unknown, unknown > 0, unknown), refine
 
 
 def statistics(stages, raw, mask, top, rows: Rows, strategy: Strategy) -> tuple[jax.Array, jax.Array]:
@@ -116,7 +116,9 @@ def _touched(touchers, rows: Rows, vocab: int, strategy: Strategy) -> jax.Array:
   return jax.vmap(one)(rows)
 
 
-def _cut_row(touchers, budget: int, extra: int, vocab: int, strategy, raw, mask, logits, ids, touched, row: Rows):
+def _cut_row(
+  touchers, budget: int, extra: int, vocab: int, strategy, raw, mask, logits, ids, touched, row: Rows, log_z, known
+):
   """The ``K`` best tokens of one row after the stages that act before the cut.
 
   ``logits, ids`` are the row's ``K + m`` best raw tokens, ``m = min(E, K)``.
@@ -126,7 +128,7 @@ def _cut_row(touchers, budget: int, extra: int, vocab: int, strategy, raw, mask,
   """
   (wide,) = ids.shape
   whole = (wide == vocab) | (logits[-1] == -jnp.inf)  # nothing survives beyond the cut
-  c = Candidates(ids, logits, jnp.float32(0), jnp.bool_(False), whole, jnp.bool_(True))
+  c = Candidates(ids, logits, log_z, known, whole, jnp.bool_(True))
   if not touchers:
     return c
   # Touched ids beside the raw best, once each; repeats and ids already there stay empty (id V).
