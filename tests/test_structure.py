@@ -86,3 +86,31 @@ def test_the_accelerator_candidate_path_reads_the_logits_a_few_times(name):
   # cleaned chunk maxima, the gathered chunks, the window's ids); a pass more
   # over the row fails it.
   assert read < 6, f"{read:.1f}x the logits' bytes"
+
+
+def test_vmap_of_pick_runs_the_batched_program():
+  """``jax.vmap(sampler.pick)`` gets pick's own batching rule: the batched call, not a map of the one-row one."""
+  sampler = jsample.gemma(strategy="accelerator", repeat_penalty=1.1)
+  logits = jax.ShapeDtypeStruct((B, V), jnp.float32)
+  state = sampler.init(seed=np.arange(B), prompt=np.zeros((B, 8), np.int32))
+  every = primitives(jax.make_jaxpr(jax.vmap(sampler.pick))(logits, state).jaxpr)
+  assert "while" not in every and "scan" not in every and every.count("cond") == 1
+
+
+def test_vmap_of_pick_gives_the_batched_tokens_with_shared_and_per_row_arguments():
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(0, 2, (6, 3000)), jnp.float32)
+  allowed = jnp.asarray(rng.random((6, 3000)) < 0.5)
+  for strategy in ("cpu", "accelerator"):
+    sampler = jsample.llama_cpp(strategy=strategy, top_k=0, top_p=[0.9, 1.0, 0.5, 0.99, 0.95, 0.7])
+    state = sampler.init(seed=np.arange(6), prompt=rng.integers(0, 3000, (6, 5)))
+    batched = jax.jit(sampler.pick)(x, state, allowed)
+    mapped = jax.jit(jax.vmap(sampler.pick))(x, state, allowed)
+    np.testing.assert_array_equal(mapped[0], batched[0])
+    np.testing.assert_array_equal(mapped[1].window, batched[1].window)
+    shared = jax.jit(jax.vmap(sampler.pick, in_axes=(None, 0, None)))(x[0], state, allowed[0])  # one row for all
+    np.testing.assert_array_equal(
+      shared[0], jax.jit(sampler.pick)(jnp.tile(x[:1], (6, 1)), state, jnp.tile(allowed[:1], (6, 1)))[0]
+    )
+    probs = jax.jit(jax.vmap(sampler.probs))(x, state, allowed)
+    np.testing.assert_allclose(probs, jax.jit(sampler.probs)(x, state, allowed), atol=1e-7)

@@ -331,7 +331,7 @@ class Sampler:
       >>> int(state.position)
       4
     """
-    drawn, state = self._draw(logits, state, dict(inputs, mask=mask), logprob=False)
+    drawn, state = self._one_row_or_batch(self._draw, logits, state, dict(inputs, mask=mask), logprob=False)
     return drawn.token, state
 
   def pick_with_info(self, logits: jax.Array, state: SamplerState, mask=None, **inputs) -> tuple[Draw, SamplerState]:
@@ -344,7 +344,7 @@ class Sampler:
       >>> bool(drawn.valid), int(drawn.token)  # nothing survives: flagged, in range
       (False, 0)
     """
-    return self._draw(logits, state, dict(inputs, mask=mask), logprob=True)
+    return self._one_row_or_batch(self._draw, logits, state, dict(inputs, mask=mask), logprob=True)
 
   def probs(self, logits: jax.Array, state: SamplerState, mask=None, **inputs) -> jax.Array:
     """The distribution :meth:`pick` draws from, as probabilities ``[..., V]``.
@@ -359,7 +359,10 @@ class Sampler:
       >>> [round(float(v), 3) for v in p]
       [0.0, 0.667, 0.333]
     """
-    (raw, mask), rows, single, plan = self._prepare(logits, state, dict(inputs, mask=mask))
+    return self._one_row_or_batch(self._probs, logits, state, dict(inputs, mask=mask))
+
+  def _probs(self, logits, state: SamplerState, inputs: dict) -> jax.Array:
+    (raw, mask), rows, single, plan = self._prepare(logits, state, inputs)
     vocab = raw.shape[-1]
 
     def spread(cands):
@@ -417,6 +420,34 @@ class Sampler:
     return [StageView(name, *view) for name, view in zip(names, views, strict=True)]
 
   # -- the draw -----------------------------------------------------------------
+
+  def _one_row_or_batch(self, method, logits, state: SamplerState, inputs: dict, **static):
+    """``method(logits, state, inputs)``; for one row ``[V]``, with a batching rule of its own.
+
+    Under ``jax.vmap(sampler.pick)`` JAX would otherwise map the one-row
+    program over the rows, and its conditionals would become selects that run
+    every branch (the full-vocabulary path included) for every row. The rule
+    runs the batched call instead: the same tokens, at the batched call's cost.
+    """
+    call = functools.partial(method, **static)
+    if jnp.ndim(logits) != 1 or self.checking:  # checkify does not cross a custom batching rule
+      return call(logits, state, inputs)
+    inputs = {name: value for name, value in inputs.items() if value is not None}
+
+    @jax.custom_batching.custom_vmap
+    def one_row(logits, state, inputs):
+      return call(logits, state, inputs)
+
+    @one_row.def_vmap
+    def rows(axis_size, in_batched, logits, state, inputs):
+      def spread(value, batched):
+        return value if batched else jnp.broadcast_to(value, (axis_size,) + jnp.shape(value))
+
+      args = jax.tree.map(spread, (logits, state, inputs), tuple(in_batched))
+      out = call(*args)
+      return out, jax.tree.map(lambda _: True, out)
+
+    return one_row(logits, state, inputs)
 
   def _draw(self, logits, state: SamplerState, inputs: dict, *, logprob: bool) -> tuple[Draw, SamplerState]:
     (raw, mask), rows, single, plan = self._prepare(logits, state, inputs)
