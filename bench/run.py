@@ -25,7 +25,7 @@ from jax import lax
 
 import jsample
 from bench import baselines, torch_peers, workloads
-from jsample.__main__ import seconds
+from jsample._timing import seconds
 
 # Issue 3's limits on CPU at V=262144, B=64, float32: ratio to the read floor, by workload.
 TARGETS = {

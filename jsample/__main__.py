@@ -14,13 +14,14 @@ Examples:
 
 import argparse
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import jsample
+from jsample._flags import add_setting_flags, chosen_settings
+from jsample._timing import seconds
 
 RECIPES = {"llama_cpp": jsample.llama_cpp, "gemma": jsample.gemma, "hf": jsample.hf}
 ROW_SEED = 0  # the row is fixed; --seed moves only the draw
@@ -60,18 +61,7 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--vocab", type=int, default=262144, help="V, the row's width (262144, Gemma's vocabulary)")
   p.add_argument("--zipf", type=float, default=1.1, help="s, the Zipf exponent of the row (1.1)")
   p.add_argument("--seed", type=int, default=0, help="the sampler's seed, in [0, 2**32) (0)")
-  recipe_default = " (default: the recipe's)"
-  for flag, kind, text in [
-    ("--temperature", float, "<= 0 is greedy"),
-    ("--top-k", int, "<= 0 keeps all"),
-    ("--top-p", float, "in (0, 1]; 1 keeps all"),
-    ("--min-p", float, "in [0, 1]; 0 keeps all"),
-    ("--repeat-penalty", float, "> 0; 1 is neutral"),
-    ("--frequency-penalty", float, "0 is neutral"),
-    ("--presence-penalty", float, "0 is neutral"),
-    ("--penalty-last-n", int, "recent tokens the penalties see, up to the window of 64; -1: all"),
-  ]:
-    p.add_argument(flag, type=kind, help=text + recipe_default)
+  add_setting_flags(p, jsample.gemma().settings.values(), "the recipe's")
   p.add_argument("--prompt-tokens", type=token_ids, metavar="IDS", help="comma-separated ids loaded into the window")
   p.add_argument("--draws", type=int, default=0, metavar="N", help="also draw N tokens, seeds seed..seed+N-1 (0)")
   return p
@@ -82,36 +72,6 @@ def zipf_row(vocab: int, exponent: float) -> jax.Array:
   rng = np.random.default_rng(ROW_SEED)
   rank = rng.permutation(vocab)
   return jnp.asarray(-exponent * np.log1p(rank) + NOISE * rng.standard_normal(vocab), jnp.float32)
-
-
-def row_stats(logits: jax.Array):
-  """Survivors, entropy (nats), top probability and top id of ``softmax(logits)`` ``[V]``."""
-  alive = logits > -jnp.inf
-  log_p = logits - jax.nn.logsumexp(logits)
-  p = jnp.where(alive, jnp.exp(log_p), 0.0)
-  entropy = -jnp.sum(jnp.where(alive, p * log_p, 0.0))
-  return jnp.sum(alive, dtype=jnp.int32), entropy, jnp.max(p), jnp.argmax(logits)
-
-
-def staged(stage: jsample.Stage, vocab: int):
-  """``stage.on_row`` and the stats of its result, jitted; ``vocab`` stays static."""
-
-  def apply(logits, settings, window, position):
-    out = stage.on_row(logits, settings, jsample.Context(window, position, vocab))
-    return out, row_stats(out)
-
-  return jax.jit(apply)
-
-
-def seconds(fn, *args, repeats: int = 20) -> float:
-  """Median wall time of ``fn(*args)`` after one warm-up call."""
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return float(np.median(times))
 
 
 def many_draws(sampler: jsample.Sampler, logits: jax.Array, state: jsample.SamplerState, seeds) -> np.ndarray:
@@ -138,8 +98,7 @@ def main(argv=None) -> int:
     cli.error("--vocab must be >= 1 and --draws >= 0")
   if not 0 <= args.seed <= args.seed + max(args.draws - 1, 0) < 2**32:
     cli.error("--seed: seeds seed..seed+draws-1 must lie in [0, 2**32)")
-  names = ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty"]
-  settings = {n: getattr(args, n) for n in names + ["penalty_last_n"] if getattr(args, n) is not None}
+  settings = chosen_settings(args, RECIPES[args.recipe]().settings.values())
   sampler = RECIPES[args.recipe](vocab_size=args.vocab)
   try:
     state = sampler.init(seed=args.seed, prompt=args.prompt_tokens, **settings)
@@ -151,26 +110,21 @@ def main(argv=None) -> int:
   print(f"recipe {args.recipe}, V={args.vocab}, Zipf s={args.zipf:g}, seed {args.seed}, position {int(state.position)}")
   print(f"settings: {used}\n")
   print(f"{'stage':<12} {'survivors':>9} {'entropy':>8} {'p(top)':>8} {'top id':>8}")
-  rows = [("raw", jax.jit(row_stats)(logits))]
-  final = logits
-  for stage in sampler.stages:
-    final, stats = staged(stage, args.vocab)(final, state.settings, state.window, state.position)
-    rows.append((stage.name, stats))
-  for name, (survivors, entropy, top_p, top_id) in rows:
-    print(f"{name:<12} {int(survivors):>9} {float(entropy):>8.4f} {float(top_p):>8.4f} {int(top_id):>8}")
+  for view in jax.jit(lambda x, s: sampler.explain(x, s, top=1))(logits, state):
+    p_top, top_id = float(view.probs[0]), int(view.ids[0])
+    print(f"{view.name:<12} {int(view.survivors):>9} {float(view.entropy):>8.4f} {p_top:>8.4f} {top_id:>8}")
 
   draw = jax.jit(sampler.pick_with_info)
   drawn, _ = draw(logits, state)
   token = int(drawn.token)
-  chain_logprob = float(final[token] - jax.nn.logsumexp(final))
-  logprob = f"logprob {float(drawn.logprob):.4f} (on_row chain: {chain_logprob:.4f})"
+  expected = np.asarray(jax.jit(sampler.probs)(logits, state))
+  logprob = f"logprob {float(drawn.logprob):.4f} (log of probs: {np.log(expected[token]):.4f})"
   print(f"\ndraw: token {token}, {logprob}, valid {bool(drawn.valid)}")
   t_draw, t_floor = seconds(draw, logits, state), seconds(jax.jit(jnp.max), logits)
   print(f"time: draw {t_draw * 1e6:.1f} us, read floor (jnp.max) {t_floor * 1e6:.1f} us, {t_draw / t_floor:.1f}x")
 
   if args.draws:
     tokens = many_draws(sampler, logits, state, np.arange(args.seed, args.seed + args.draws))
-    expected = np.asarray(jax.nn.softmax(final))
     ids, counts = np.unique(tokens, return_counts=True)
     print(f"\n{args.draws} draws, seeds {args.seed}..{args.seed + args.draws - 1}: {len(ids)} distinct tokens")
     print(f"{'token':>8} {'count':>7} {'freq':>7} {'p':>7}")
@@ -183,7 +137,7 @@ def cli(argv=None) -> int:
   """The ``jsample`` command: ``generate ...``, or ``[demo] ...`` for :func:`main`."""
   argv = sys.argv[1:] if argv is None else list(argv)
   if argv[:1] == ["generate"]:
-    from jsample import generate
+    from jsample.models import generate
 
     generate.keep_compiled_programs()
     return generate.main(argv[1:])

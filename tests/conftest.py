@@ -1,6 +1,50 @@
+import os
+from pathlib import Path
+
 import jax
+import pytest
+
+from bench import reference
 
 # equinox's strictness: a silent [B] x [B, V] broadcast or an implicit dtype
 # promotion fails the suite instead of producing a wrong token.
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
+
+
+def compilation_cache() -> str | None:
+  """Where the suite keeps compiled programs between runs: ``$JSAMPLE_TEST_CACHE``, else
+  ``~/.cache/jsample-tests``; None when that variable is ``0`` or empty, or when JAX was
+  given a cache directory of its own (``JAX_COMPILATION_CACHE_DIR``)."""
+  if jax.config.jax_compilation_cache_dir is not None:
+    return None
+  where = os.environ.get("JSAMPLE_TEST_CACHE")
+  if where is None:
+    return str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "jsample-tests")
+  return None if where in ("", "0") else where
+
+
+# Compilation dominates the suite's time, so a rerun loads every program it compiled
+# before, however small (the jsample command does the same: keep_compiled_programs).
+# JAX keys each entry by the program, the jax and XLA versions, the flags and the device.
+if (CACHE := compilation_cache()) is not None:
+  jax.config.update("jax_compilation_cache_dir", CACHE)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+
+
+@pytest.fixture(scope="session")
+def reference_file():
+  """``reference_file(name)``: the path of a file of the shared reference data (bench/reference.py
+  finds it). A missing file skips the test, and fails it under CI (``$CI`` set), where the data
+  always lies beside the clone: a CI run never passes without the real-row tests."""
+
+  def find(name: str) -> Path:
+    path = reference.find(name)
+    if path is None:
+      if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+        pytest.fail(f"CI is set and {reference.missing(name)}")
+      pytest.skip(reference.missing(name))
+    return path
+
+  return find

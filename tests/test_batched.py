@@ -14,7 +14,7 @@ import pytest
 import jsample
 from jsample._src import batched, cut, noise, search
 from jsample._src.stage import logsumexp
-from tests import rows
+from tests import helpers as rows
 
 VOCABS = (1, 7, 1000, 4099)
 BATCHES = (0, 1, 5)

@@ -44,7 +44,7 @@ PROBLEMS = {
   "min_p 2": (lambda x, s, m: (x, set_row(s, "min_p", 0, 2.0), m), "min_p: must be in [0, 1]; row 0 holds 2.0"),
   "last_n past the window": (
     lambda x, s, m: (x, set_row(s, "penalty_last_n", 1, WINDOW + 1), m),
-    f"penalty_last_n: must be <= window={WINDOW}",
+    f"penalty_last_n: must be <= window_size={WINDOW}",
   ),
   "window id >= V": (lambda x, s, m: (x, s._replace(window=s.window.at[2, 5].set(V)), m), "state.window"),
   "window id < -1": (lambda x, s, m: (x, s._replace(window=s.window.at[0, 0].set(-3)), m), "state.window"),

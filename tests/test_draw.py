@@ -8,9 +8,8 @@ from scipy import stats
 
 import jsample
 from jsample._src import noise
-from jsample._src.sampler import _finish
-from tests import reference, rows
-from tests.test_chain import WINDOW, batch, full_path_logits, llama_stages
+from tests import reference
+from tests.helpers import KINDS, NEUTRAL, NEUTRAL_PENALTIES, WINDOW, batch, full_path_tokens, llama_stages, row
 
 DRAWS = 50_000
 
@@ -52,9 +51,7 @@ def test_draws_follow_the_reference_distribution(settings, budget):
   state = sampler.init(seed=np.arange(DRAWS), prompt=PROMPT, **settings)
   tokens, _ = jax.jit(sampler.pick)(jnp.broadcast_to(jnp.asarray(x), (DRAWS, x.size)), state)
   counts = np.bincount(np.asarray(tokens), minlength=x.size)
-  stages = llama_stages(
-    {**dict(repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0, penalty_last_n=-1), **settings}
-  )
+  stages = llama_stages({**NEUTRAL_PENALTIES, **settings})
   probs = reference.probabilities(x, stages, window=PROMPT)
   assert counts[probs == 0].sum() == 0, "drew a token the chain removed"
   assert chi_square(counts, probs) > 1e-4
@@ -107,18 +104,11 @@ def test_uniforms_resolve_far_below_float32_epsilon():
 
 def test_greedy_takes_the_highest_logit_ties_to_the_lower_id():
   rng = np.random.default_rng(3)
-  xs = np.stack([rows.row(rng, 500, kind) for kind in rows.KINDS * 8])
+  xs = np.stack([row(rng, 500, kind) for kind in KINDS * 8])
   sampler = jsample.llama_cpp(temperature=0.0)
   tokens, _ = jax.jit(sampler.pick)(jnp.asarray(xs), sampler.init(seed=np.arange(len(xs))))
   expected = np.argmax(np.where(np.isnan(xs), -np.inf, xs), axis=1)  # first maximum: lowest id
   np.testing.assert_array_equal(tokens, expected)
-
-
-def full_path_tokens(sampler, x, state):
-  words = jax.vmap(noise.step_bits)(state.key, state.position)
-  final = full_path_logits(sampler, x, state)
-  ids = jnp.arange(x.shape[-1], dtype=jnp.int32)
-  return jax.vmap(_finish, in_axes=(0, None, 0))(final, ids, words).token
 
 
 @pytest.mark.parametrize("vocab", [50, 1000, 262144])
@@ -249,7 +239,7 @@ def test_half_precision_rows_sample_like_their_float32_values(dtype):
 def test_neutral_settings_are_the_identity():
   xs, _, _, prompts = batch(17, 400, 12)
   sampler = jsample.llama_cpp(window_size=WINDOW)
-  state = sampler.init(seed=0, prompt=prompts, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, penalty_last_n=-1)
+  state = sampler.init(seed=0, prompt=prompts, **NEUTRAL)
   probs = np.asarray(jax.jit(sampler.probs)(jnp.asarray(xs), state), np.float64)
   for i, x in enumerate(xs):
     np.testing.assert_allclose(probs[i], reference.probabilities(x, []), atol=1e-6)

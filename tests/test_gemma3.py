@@ -14,19 +14,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jsample import generate
-from jsample.models import gemma3, text, tokenizer, weights
-
-REFERENCE = pathlib.Path(__file__).resolve().parents[2] / "shared" / "reference" / "gemma3-270m-llamacpp.json"
+from jsample.models import gemma3, generate, text, tokenizer, weights
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def reference() -> list[dict]:
-  if not REFERENCE.exists():
-    pytest.skip(f"{REFERENCE} not found (the project's shared reference data)")
-  return json.loads(REFERENCE.read_text())["prompts"]
+def reference(reference_file) -> list[dict]:
+  return json.loads(reference_file("gemma3-270m-llamacpp.json").read_text())["prompts"]
 
 
 @pytest.fixture(scope="module")
@@ -238,7 +233,7 @@ def test_missing_extra_names_the_install_command(tmp_path, monkeypatch, capsys):
 
 def test_the_core_never_imports_the_extra():
   code = (
-    "import sys, jsample; core = 'jsample.models' in sys.modules; import jsample.models, jsample.generate; "
+    "import sys, jsample; core = 'jsample.models' in sys.modules; import jsample.models, jsample.models.generate; "
     "print(core, sorted(m for m in sys.modules if 'gguf' in m))"
   )
   root = pathlib.Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ import ml_dtypes
 import numpy as np
 
 import jsample
-from tests import rows
+from tests.helpers import KINDS, row, settings
 
 GOLDEN = pathlib.Path(__file__).with_name("golden.npz")
 VOCAB = 1000  # not a multiple of 32: the padded chunks and mask words are exercised
@@ -38,14 +38,14 @@ DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.f
 
 def _mixed_settings(rng: np.random.Generator) -> dict:
   """Per-row settings for the llama.cpp chain, every stage on in some rows."""
-  per_row = [rows.settings(rng, VOCAB, WINDOW) for _ in range(BATCH)]
+  per_row = [settings(rng, VOCAB, WINDOW) for _ in range(BATCH)]
   return {name: np.array([s[name] for s in per_row]) for name in per_row[0]}
 
 
 def cases():
   """``(name, sampler, settings, logits [BATCH, VOCAB], mask or None, prompt)`` for every case."""
   rng = np.random.default_rng(20261130)
-  base = np.stack([rows.row(rng, VOCAB, kind) for kind in rows.KINDS * 3][:BATCH])
+  base = np.stack([row(rng, VOCAB, kind) for kind in KINDS * 3][:BATCH])
   allowed = rng.random((BATCH, VOCAB)) < 0.3
   allowed[:, 0] = True
   prompt = [[int(t) for t in rng.integers(0, VOCAB, int(n))] for n in rng.integers(0, 2 * WINDOW, BATCH)]

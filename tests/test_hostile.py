@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import jsample
+from tests.helpers import PENALTIES_OFF
 
 F32_MAX = float(np.finfo(np.float32).max)
 
@@ -58,7 +59,6 @@ WINDOW = 8
 V = 16
 NAN, INF = float("nan"), float("inf")
 BASE = dict(temperature=1.0, top_k=0, top_p=0.9, min_p=0.05, repeat_penalty=1.3, frequency_penalty=0.2)
-PENALTIES_OFF = dict(repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0)
 TRACED = [
   (dict(repeat_penalty=0.0), PENALTIES_OFF),
   (dict(repeat_penalty=NAN), PENALTIES_OFF),

@@ -25,9 +25,9 @@ def drawn_token(out: str) -> int:
 def test_table_has_every_stage_in_order(recipe, capsys):
   assert main(["--vocab", str(VOCAB), "--recipe", recipe, "--top-k", "5"]) == 0
   rows = table(capsys.readouterr().out)
-  names = ["raw"] + [stage.name for stage in getattr(jsample, recipe)().stages]
+  names = ["input"] + [stage.name for stage in getattr(jsample, recipe)().stages]
   assert list(rows) == names
-  assert int(rows["raw"][0]) == VOCAB
+  assert int(rows["input"][0]) == VOCAB
   assert int(rows["top_k"][0]) == 5
   survivors = [int(r[0]) for r in rows.values()]
   assert all(1 <= s <= VOCAB for s in survivors)
@@ -60,8 +60,8 @@ def test_bad_setting_is_a_usage_error(capsys):
 
 
 def test_jsample_command_dispatches(capsys, monkeypatch):
-  from jsample import generate
   from jsample.__main__ import cli
+  from jsample.models import generate
 
   kept = []
   monkeypatch.setattr(generate, "keep_compiled_programs", lambda: kept.append(True))  # JAX's config stays as is

@@ -21,11 +21,11 @@ import pytest
 
 import jsample
 from tests import reference
+from tests.helpers import FUZZ_KINDS, NEUTRAL, NUDGE, fuzz_row
 
 WINDOW = 8
 ROWS = 8  # every batch is compiled at this size; fewer live rows are padded
 F32_MAX = np.finfo(np.float32).max
-NUDGE = 2e-6  # as in test_chain: top-p / min-p boundaries within float32 rounding
 
 SCALE = float(os.environ.get("JSAMPLE_FUZZ_SCALE", "1"))
 
@@ -93,41 +93,6 @@ def run(chain: str, candidates: int = 8):
 
 # -- what hypothesis draws ---------------------------------------------------------
 
-KINDS = ("normal", "peaked", "flat", "ties", "bf16", "holes", "+inf", "huge", "subnormal", "empty", "one")
-
-
-def make_row(rng: np.random.Generator, vocab: int, kind: str) -> np.ndarray:
-  if kind == "normal":
-    return rng.normal(0, rng.uniform(0.5, 4), vocab).astype(np.float32)
-  if kind == "peaked":
-    return (-1.2 * np.log1p(rng.permutation(vocab)) + rng.normal(0, 0.1, vocab)).astype(np.float32)
-  if kind == "flat":
-    return np.full(vocab, rng.normal(), np.float32)
-  if kind == "ties":
-    return rng.integers(-3, 3, vocab).astype(np.float32)
-  if kind == "bf16":
-    return np.asarray(jnp.asarray(rng.normal(0, 3, vocab), jnp.bfloat16).astype(jnp.float32))
-  if kind == "holes":
-    x = rng.normal(0, 2, vocab).astype(np.float32)
-    x[rng.random(vocab) < 0.3] = -np.inf
-    x[rng.random(vocab) < 0.1] = np.nan
-    return x
-  if kind == "+inf":  # one: several tie at the largest float, where top-p rounds (README)
-    x = rng.normal(0, 2, vocab).astype(np.float32)
-    x[rng.integers(vocab)] = np.inf
-    return x
-  if kind == "huge":
-    return (rng.normal(0, 1, vocab) * 1e30).astype(np.float32)
-  if kind == "subnormal":
-    return (rng.integers(-3, 4, vocab) * 1e-45).astype(np.float32)
-  if kind == "empty":
-    return np.where(rng.random(vocab) < 0.5, -np.inf, np.nan).astype(np.float32)
-  if kind == "one":
-    x = np.full(vocab, -np.inf, np.float32)
-    x[rng.integers(vocab)] = rng.normal()
-    return x
-  raise ValueError(kind)
-
 
 def as_the_chain_sees(x: np.ndarray) -> np.ndarray:
   """The row the reference should get: +inf is the largest float, and XLA on CPU
@@ -156,8 +121,8 @@ def row_settings(draw, vocab: int) -> dict:
 def batches(draw, vocab: int, masked: bool, live: int = ROWS):
   """``live`` rows of the given width, their settings, prompts and (optional) mask."""
   rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-  kinds = draw(st.lists(st.sampled_from(KINDS), min_size=live, max_size=live))
-  x = np.stack([make_row(rng, vocab, kind) for kind in kinds])
+  kinds = draw(st.lists(st.sampled_from(FUZZ_KINDS), min_size=live, max_size=live))
+  x = np.stack([fuzz_row(rng, vocab, kind) for kind in kinds])
   settings = [draw(row_settings(vocab)) for _ in range(live)]
   prompts = [draw(st.lists(st.integers(0, vocab - 1), max_size=2 * WINDOW)) for _ in range(live)]
   allowed = None
@@ -247,10 +212,6 @@ def penalised_row(x, stages, window, mask):
 
 
 # -- 2. neutral settings, and raising a limit --------------------------------------
-
-NEUTRAL = dict(
-  top_k=0, top_p=1.0, min_p=0.0, temperature=1.0, repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0
-)
 
 
 @pytest.mark.parametrize("chain, vocab, mask", [CONFIGS[i] for i in (3, 5, 7, 8)], ids=lambda v: str(v))

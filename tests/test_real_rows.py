@@ -1,18 +1,22 @@
 """Real next-token rows of Gemma 3 270M (recorded with llama.cpp) through the chain."""
 
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jsample
-from tests.test_chain import WINDOW, check_against_reference, full_path_probs, hf_stages, llama_stages
-from tests.test_draw import full_path_tokens
+import jsample.testing
+from tests.helpers import (
+  NEUTRAL_PENALTIES,
+  WINDOW,
+  check_against_reference,
+  full_path_probs,
+  full_path_tokens,
+  hf_stages,
+  llama_stages,
+)
 
-ROWS = pathlib.Path(__file__).resolve().parents[2] / "shared" / "reference" / "gemma3-270m-rows.npz"
-NEUTRAL = dict(repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0, penalty_last_n=-1)
 SETTINGS = [
   dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),  # llama.cpp's defaults
   dict(temperature=1.0, top_k=64, top_p=0.95, min_p=0.05),  # Gemma's
@@ -24,10 +28,9 @@ SETTINGS = [
 
 
 @pytest.fixture(scope="module")
-def logits():
-  if not ROWS.exists():
-    pytest.skip(f"{ROWS} not found (the project's shared reference data)")
-  return np.load(ROWS)["logits"]
+def logits(reference_file):
+  with np.load(reference_file("gemma3-270m-rows.npz")) as data:
+    return data["logits"]
 
 
 @pytest.mark.parametrize("recipe, stages_of", [(jsample.llama_cpp, llama_stages), (jsample.hf, hf_stages)])
@@ -41,7 +44,7 @@ def test_real_rows_match_the_reference(logits, recipe, stages_of, settings):
   probs = jax.jit(sampler.probs)(x, state)
   rows = logits.astype(np.float32)
   full = jax.jit(lambda x, s: full_path_probs(sampler, x, s))(x.astype(jnp.float32), state)
-  check_against_reference([probs, full], rows, [{**NEUTRAL, **settings}] * size, prompts, stages_of)
+  check_against_reference([probs, full], rows, [{**NEUTRAL_PENALTIES, **settings}] * size, prompts, stages_of)
   tokens, _ = jax.jit(sampler.pick)(x, state)
   np.testing.assert_array_equal(
     tokens, jax.jit(lambda x, s: full_path_tokens(sampler, x, s))(x.astype(jnp.float32), state)
@@ -52,6 +55,4 @@ def test_llama_cpp_defaults_without_top_k_stay_on_the_candidate_path(logits):
   # Real nuclei are small: top-p 0.95 and min-p 0.05 settle within K = 64.
   sampler = jsample.llama_cpp(budget=64)
   state = sampler.init(seed=np.arange(logits.shape[0]), top_k=0)
-  rows, state, _ = sampler._prepare(jnp.asarray(logits), state, None)
-  _, fast = sampler._candidates(rows, state)
-  assert bool(jnp.all(fast))
+  assert bool(jnp.all(jsample.testing.decided_on_candidates(sampler, jnp.asarray(logits), state)))

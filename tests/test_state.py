@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import jsample
+from tests.helpers import NEUTRAL_PENALTIES
 
 W = 4
 V = 8
@@ -117,9 +118,8 @@ def test_recipe_defaults(recipe, defaults):
   assert sampler.window_size == 64
   state = sampler.init(seed=0)
   assert state.window.shape == (64,)
-  neutral = dict(repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0, penalty_last_n=-1)
-  assert set(state.settings) == set(defaults) | set(neutral)
-  for name, value in {**defaults, **neutral}.items():
+  assert set(state.settings) == set(defaults) | set(NEUTRAL_PENALTIES)
+  for name, value in {**defaults, **NEUTRAL_PENALTIES}.items():
     np.testing.assert_allclose(state.settings[name], value, rtol=1e-7, err_msg=name)
 
 

@@ -1,6 +1,6 @@
 """Checked mode: the problems ``jit`` cannot refuse, reported as errors.
 
-Outside ``jit``, ``init``, ``seed`` and ``accept`` reject bad values with a
+Outside ``jit``, ``init``, ``load_prompt`` and ``accept`` reject bad values with a
 ``ValueError``. Inside it, values are traced: a state built or changed under
 ``jit`` can hold a repeat penalty of 0, a window id past the vocabulary, and
 logits can hold NaN. By default jsample gives each a defined result (README,
@@ -56,10 +56,10 @@ def settings(sampler, state) -> None:
     ok = jnp.broadcast_to(_valid(setting, value), value.shape)
     allowed = setting.allowed.replace("{", "{{").replace("}", "}}")
     _report(ok, f"{name}: must be {allowed}; row {{at}} holds {{value}}", value)
-  if "penalty_last_n" in state.settings:
-    last_n = state.settings["penalty_last_n"]
-    message = f"penalty_last_n: must be <= window={sampler.window_size}; row {{at}} holds {{value}}"
-    _report(last_n <= sampler.window_size, message, last_n)
+    if setting.at_most is not None:
+      bound = getattr(sampler, setting.at_most)
+      message = f"{name}: must be <= {setting.at_most}={bound}; row {{at}} holds {{value}}"
+      _report(value <= bound, message, value)
 
 
 def tokens(name: str, ids: jax.Array, vocab: int | None, lowest: int) -> None:

@@ -37,26 +37,40 @@ def clean(raw: jax.Array, ids: jax.Array | None = None, mask: jax.Array | None =
   """
   x = jnp.where(jnp.isnan(raw), -jnp.inf, raw.astype(jnp.float32))
   if mask is not None:
+    assert ids is not None, "a mask needs the ids it is read at"
     x = jnp.where(masks.allowed_at(mask, ids), x, -jnp.inf)
   x = jnp.minimum(x, jnp.finfo(jnp.float32).max)
   return jnp.where(x == 0, 0.0, x)
 
 
-def full_row(raw: jax.Array, mask: jax.Array | None) -> jax.Array:
+def full_row(raw: jax.Array, mask: jax.Array | None, *, branch_free: bool = False) -> jax.Array:
   """The whole cleaned row ``[V]``."""
   cleaned = lambda: clean(raw, jnp.arange(raw.shape[0], dtype=jnp.int32), mask)  # noqa: E731
-  if mask is not None or raw.dtype != jnp.float32:
+  if branch_free or mask is not None or raw.dtype != jnp.float32:
     return cleaned()
   # A row without NaN or inf (its sum is finite) needs only -0 turned to +0:
   # one select instead of the fused cleaning.
   return lax.cond(jnp.isfinite(jnp.sum(raw)), lambda: jnp.where(raw == 0, 0.0, raw), cleaned)
 
 
-def top_candidates(raw: jax.Array, mask: jax.Array | None, n: int) -> tuple[jax.Array, jax.Array]:
-  """``lax.top_k`` of the cleaned rows ``[B, V]``: ``(logits [B, n], ids [B, n])``, ties to the lower id."""
+def at(raw: jax.Array, ids: jax.Array, mask: jax.Array | None) -> jax.Array:
+  """The cleaned logits of one row ``[V]`` at token ``ids [N]``; ids outside ``[0, V)`` read ``-inf``."""
+  inside = (ids >= 0) & (ids < raw.shape[0])
+  values = jnp.take(raw, jnp.clip(ids, 0, raw.shape[0] - 1))
+  return jnp.where(inside, clean(values, ids, mask), -jnp.inf)
+
+
+def top_candidates(
+  raw: jax.Array, mask: jax.Array | None, n: int, *, branch_free: bool = False
+) -> tuple[jax.Array, jax.Array]:
+  """``lax.top_k`` of the cleaned rows ``[B, V]``: ``(logits [B, n], ids [B, n])``, ties to the lower id.
+
+  With ``branch_free`` the cleaning is fused into the chunk maxima, with no
+  ``lax.cond`` to skip it (what accelerators want).
+  """
   batch, vocab = raw.shape
   if n * CHUNK >= vocab:
-    return lax.top_k(jax.vmap(full_row)(raw, mask), n)
+    return lax.top_k(jax.vmap(lambda r, m: full_row(r, m, branch_free=branch_free))(raw, mask), n)
   chunks = -(-vocab // CHUNK)
   if chunks * CHUNK != vocab:
     raw = jnp.pad(raw, ((0, 0), (0, chunks * CHUNK - vocab)), constant_values=-jnp.inf)
@@ -66,7 +80,9 @@ def top_candidates(raw: jax.Array, mask: jax.Array | None, n: int) -> tuple[jax.
   def cleaned_maxima():
     return jnp.max(jax.vmap(clean, in_axes=(0, None, 0))(padded, spots, mask), axis=-1)
 
-  if mask is None and raw.dtype == jnp.float32:
+  if branch_free:
+    maxima = cleaned_maxima()
+  elif mask is None and raw.dtype == jnp.float32:
     # On CPU, XLA vectorises a bare max or sum over a buffer, and not one fused
     # with the cleaning (about 10x slower). Cleaning is monotone, so it commutes
     # with max, except for NaN, which a vectorised max may silently skip past:
@@ -97,13 +113,16 @@ def top_candidates(raw: jax.Array, mask: jax.Array | None, n: int) -> tuple[jax.
   return lax.optimization_barrier((logits, jnp.take_along_axis(where_ids, where, axis=1)))
 
 
-def log_normalisers(raw: jax.Array, mask: jax.Array | None, top: jax.Array) -> jax.Array:
+def log_normalisers(raw: jax.Array, mask: jax.Array | None, top: jax.Array, *, branch_free: bool = False) -> jax.Array:
   """``log Σ exp`` of each cleaned row ``[B, V]``, given each row's cleaned maximum ``top [B]``.
 
   A bare exp-and-sum over the raw row is the cheap way (about 4 reads on CPU);
   cleaning fused into it costs several times more, so it runs, row by row,
   only when the cheap sum says a row holds NaN or +inf, or under a mask.
+  ``branch_free`` fuses the cleaning for every row instead.
   """
+  if branch_free:
+    return jax.vmap(lambda r, m: logsumexp(full_row(r, m, branch_free=True)))(raw, mask)
   if mask is None:
     shift = jnp.where(top > -jnp.inf, top, 0.0)
     sums = jnp.sum(jnp.exp(raw.astype(jnp.float32) - shift[:, None]), axis=-1)

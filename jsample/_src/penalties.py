@@ -1,26 +1,57 @@
 """Repetition, frequency and presence penalties over the recent-token window."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jsample._src.stage import Candidates, Context, Setting, Stage
-
-
-def _finite(v):
-  return jnp.isfinite(v)
+from jsample._src.stage import Candidates, Context, Setting, Settings, Stage
 
 
 def _settings(repeat, frequency, presence, last_n):
   return (
-    Setting("repeat_penalty", repeat, jnp.float32, lambda v: jnp.isfinite(v) & (v > 0), "finite and > 0"),
-    Setting("frequency_penalty", frequency, jnp.float32, _finite, "finite"),
-    Setting("presence_penalty", presence, jnp.float32, _finite, "finite"),
-    Setting("penalty_last_n", last_n, jnp.int32, lambda v: v >= -1, ">= -1 (-1: the whole window)"),
+    Setting(
+      "repeat_penalty",
+      repeat,
+      jnp.float32,
+      lambda v: jnp.isfinite(v) & (v > 0),
+      "finite and > 0",
+      1.0,
+      "divide positive logits of recent tokens by it, multiply negative ones (llama.cpp's repeat penalty)",
+    ),
+    Setting(
+      "frequency_penalty",
+      frequency,
+      jnp.float32,
+      jnp.isfinite,
+      "finite",
+      0.0,
+      "subtract it once per occurrence of a token in the recent window",
+    ),
+    Setting(
+      "presence_penalty",
+      presence,
+      jnp.float32,
+      jnp.isfinite,
+      "finite",
+      0.0,
+      "subtract it once from every token present in the recent window",
+    ),
+    Setting(
+      "penalty_last_n",
+      last_n,
+      jnp.int32,
+      lambda v: v >= -1,
+      ">= -1 (-1: the whole window)",
+      0,
+      "how many recent tokens the penalties look at (0: off, -1: the whole window)",
+      at_most="window_size",
+    ),
   )
 
 
-def _recent(s: dict, ctx: Context) -> jax.Array:
+def _recent(s: Settings, ctx: Context) -> jax.Array:
   """``[W]`` bool: which window slots hold one of the last ``penalty_last_n`` tokens."""
   (width,) = ctx.window.shape
   last_n = s["penalty_last_n"]
@@ -35,10 +66,11 @@ def _counts(ids: jax.Array, recent: jax.Array) -> jax.Array:
   if width <= 128:  # comparing every pair is cheapest for short windows
     return jnp.sum(ids[:, None] == recent[None, :], axis=1)
   ordered = jnp.sort(recent)
-  return jnp.searchsorted(ordered, ids, side="right") - jnp.searchsorted(ordered, ids, side="left")
+  count = functools.partial(jnp.searchsorted, ordered, ids, method="sort")  # no loop, unlike the default
+  return count(side="right") - count(side="left")
 
 
-def _usable(s: dict) -> jax.Array:
+def _usable(s: Settings) -> jax.Array:
   """Whether the weights are ones ``init`` accepts. Traced weights can be anything:
   a row with a repeat penalty <= 0 or NaN, or a non-finite weight, gets no
   penalties (its logits would turn NaN); ``Sampler.checked`` reports it."""
@@ -47,7 +79,7 @@ def _usable(s: dict) -> jax.Array:
   return (repeat > 0) & jnp.isfinite(repeat) & weights
 
 
-def _penalise(logits: jax.Array, count: jax.Array, s: dict) -> jax.Array:
+def _penalise(logits: jax.Array, count: jax.Array, s: Settings) -> jax.Array:
   """llama.cpp's arithmetic, for tokens seen ``count`` times in the window."""
   repeat = s["repeat_penalty"]
   scaled = jnp.where(logits <= 0, logits * repeat, logits / repeat)
@@ -61,13 +93,9 @@ def _penalise(logits: jax.Array, count: jax.Array, s: dict) -> jax.Array:
   return jnp.where(logits > -jnp.inf, out, -jnp.inf)
 
 
-def _active(s: dict, ctx: Context) -> jax.Array:
+def _active(s: Settings, ctx: Context) -> jax.Array:
   neutral = (s["repeat_penalty"] == 1) & (s["frequency_penalty"] == 0) & (s["presence_penalty"] == 0)
   return jnp.any(_recent(s, ctx)) & ~neutral & _usable(s)
-
-
-def _lowers_only(s: dict) -> jax.Array:
-  return (s["repeat_penalty"] >= 1) & (s["frequency_penalty"] >= 0) & (s["presence_penalty"] >= 0)
 
 
 def penalties(repeat: float = 1.0, frequency: float = 0.0, presence: float = 0.0, last_n: int = -1) -> Stage:
@@ -78,10 +106,9 @@ def penalties(repeat: float = 1.0, frequency: float = 0.0, presence: float = 0.0
   (llama.cpp's arithmetic). The window includes the prompt once
   :meth:`Sampler.load_prompt` has loaded it.
 
-  Weights that only lower logits (``repeat >= 1``, ``frequency >= 0``,
-  ``presence >= 0``) keep the candidate path exact: the ``K`` best penalised
-  tokens are among the ``K + W`` best raw ones. Rows with other weights take
-  the full-vocabulary path.
+  The stage touches the window's tokens only, so it runs before the cut on
+  the ``K`` best other tokens plus the window's own: exact for any weights,
+  those that raise logits included.
 
   Args:
     repeat: ``repeat_penalty``, > 0; 1 is neutral.
@@ -91,7 +118,7 @@ def penalties(repeat: float = 1.0, frequency: float = 0.0, presence: float = 0.0
       stage off, -1 means the whole window.
 
   Returns:
-    A :class:`Stage` that runs before the cut to ``K`` candidates.
+    A :class:`Stage` that acts before the cut to ``K`` candidates.
 
   Examples:
     >>> import jax.numpy as jnp, jsample
@@ -106,22 +133,22 @@ def penalties(repeat: float = 1.0, frequency: float = 0.0, presence: float = 0.0
     Controllable Generation" (repetition penalty).
   """
 
-  def on_candidates(c: Candidates, s: dict, ctx: Context) -> Candidates:
-    count = _counts(c.ids, jnp.where(_recent(s, ctx), ctx.window, -1))
-    active = _active(s, ctx)
-    return c._replace(
-      logits=_penalise(c.logits, count, s),
-      total=jnp.where(active, jnp.nan, c.total),
-      exact=c.exact & (~active | _lowers_only(s)),
-    )
+  def touches(s: Settings, ctx: Context) -> jax.Array:
+    return jnp.where(_recent(s, ctx), ctx.window, -1)
 
-  def on_row(logits: jax.Array, s: dict, ctx: Context) -> jax.Array:
+  def on_candidates(c: Candidates, s: Settings, ctx: Context) -> Candidates:
+    count = _counts(c.ids, touches(s, ctx))
+    active = _active(s, ctx)
+    return c._replace(logits=_penalise(c.logits, count, s), log_z_known=c.log_z_known & ~active)
+
+  def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
     def penalise():
-      recent = _recent(s, ctx)
-      slots = jnp.where(recent & (ctx.window < ctx.vocab), ctx.window, ctx.vocab)
-      count = jnp.zeros(ctx.vocab, jnp.int32).at[slots].add(1, mode="drop")
+      (width,) = logits.shape
+      slots = jnp.where(_recent(s, ctx), ctx.window - ctx.offset, width)
+      slots = jnp.where((slots >= 0) & (slots < width), slots, width)
+      count = jnp.zeros(width, jnp.int32).at[slots].add(1, mode="drop")
       return _penalise(logits, count, s)
 
     return lax.cond(_active(s, ctx), penalise, lambda: logits)  # skip two passes over V when off
 
-  return Stage("penalties", _settings(repeat, frequency, presence, last_n), on_candidates, on_row, before_cut=True)
+  return Stage("penalties", _settings(repeat, frequency, presence, last_n), on_candidates, on_row, touches=touches)

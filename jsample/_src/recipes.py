@@ -4,50 +4,42 @@ Every recipe is a plain :func:`chain`. Its keyword arguments override the
 defaults of its settings (``temperature``, ``top_k``, ``top_p``, ``min_p``,
 ``repeat_penalty``, ``frequency_penalty``, ``presence_penalty``,
 ``penalty_last_n``) and its static sizes (``window_size``, ``budget``,
-``vocab_size``).
+``vocab_size``) and ``strategy``.
 """
 
-import inspect
+from collections.abc import Callable
 
 from jsample._src.penalties import penalties
 from jsample._src.sampler import Sampler, chain
+from jsample._src.stage import Stage
 from jsample._src.temperature import temperature as temperature_stage
 from jsample._src.truncation import min_p as min_p_stage
 from jsample._src.truncation import top_k as top_k_stage
 from jsample._src.truncation import top_p as top_p_stage
 
+_STAGES: dict[str, Callable[[], Stage]] = {
+  "penalties": penalties,
+  "top_k": top_k_stage,
+  "top_p": top_p_stage,
+  "min_p": min_p_stage,
+  "temperature": temperature_stage,
+}
+_SIZES = ("window_size", "budget", "vocab_size", "strategy")
+
 
 def _recipe(order: tuple[str, ...], defaults: dict, overrides: dict) -> Sampler:
-  known = inspect.signature(_build).parameters.keys() - {"order"}
-  unknown = sorted(overrides.keys() - known)
+  """The chain of ``order``'s stages, each setting's default from ``overrides``, then ``defaults``."""
+  stages = [_STAGES[name]() for name in order]
+  known = {s.name for stage in stages for s in stage.settings}
+  unknown = sorted(overrides.keys() - known - set(_SIZES))
   if unknown:
-    raise ValueError(f"{unknown[0]}: not a keyword of this recipe; its keywords are {sorted(known)}")
-  return _build(order, **{**defaults, **overrides})
-
-
-def _build(
-  order: tuple[str, ...],
-  *,
-  temperature: float,
-  top_k: int,
-  top_p: float,
-  min_p: float,
-  repeat_penalty: float = 1.0,
-  frequency_penalty: float = 0.0,
-  presence_penalty: float = 0.0,
-  penalty_last_n: int = -1,
-  window_size: int = 64,
-  budget: int = 128,
-  vocab_size: int | None = None,
-) -> Sampler:
-  stages = {
-    "penalties": penalties(repeat_penalty, frequency_penalty, presence_penalty, penalty_last_n),
-    "top_k": top_k_stage(top_k),
-    "top_p": top_p_stage(top_p),
-    "min_p": min_p_stage(min_p),
-    "temperature": temperature_stage(temperature),
-  }
-  return chain(*(stages[name] for name in order), window_size=window_size, budget=budget, vocab_size=vocab_size)
+    raise ValueError(f"{unknown[0]}: not a keyword of this recipe; its keywords are {sorted(known | set(_SIZES))}")
+  values = {**defaults, **overrides}
+  stages = [
+    stage._replace(settings=tuple(s._replace(default=values.get(s.name, s.default)) for s in stage.settings))
+    for stage in stages
+  ]
+  return chain(*stages, **{name: values[name] for name in _SIZES if name in values})
 
 
 _LLAMA_CPP_ORDER = ("penalties", "top_k", "top_p", "min_p", "temperature")

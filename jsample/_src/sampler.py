@@ -1,133 +1,40 @@
-"""Samplers: a chain of stages, its state, and the pure functions on it."""
+"""Samplers: a chain of stages and the pure functions that run it."""
 
 import dataclasses
 import functools
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jsample._src import checked, cut, masks, noise
-from jsample._src.stage import Candidates, Context, Setting, Stage, logsumexp, sort_candidates
+from jsample._src import checked, draw, noise, paths, validation
+from jsample._src import strategy as strategies
+from jsample._src.draw import Draw
+from jsample._src.stage import Setting, Stage
+from jsample._src.state import SamplerState, append, as_prompt, load
 
 
-class SamplerState(NamedTuple):
-  """Everything a row carries from step to step: a pytree of arrays.
-
-  Shapes are for a batch of ``B`` rows; a single row drops the ``B`` axis.
-
-  Attributes:
-    key: ``[B]`` typed PRNG keys, one per row. The step key is
-      ``fold_in(key, position)``, so a row's draw never depends on its batch.
-    position: ``[B]`` int32, tokens accepted so far (prompt included).
-    window: ``[B, W]`` int32 ring buffer of recent tokens, ``-1`` when empty;
-      token number ``n`` sits at ``n % W``.
-    settings: name -> ``[B]`` array, one value per row for every setting.
-  """
-
-  key: jax.Array
-  position: jax.Array
-  window: jax.Array
-  settings: dict[str, jax.Array]
-
-
-class Draw(NamedTuple):
-  """What :meth:`Sampler.pick_with_info` returns besides the new state.
+@functools.partial(
+  jax.tree_util.register_dataclass, data_fields=["survivors", "entropy", "ids", "probs"], meta_fields=["name"]
+)
+@dataclasses.dataclass(frozen=True)
+class StageView:
+  """One stage's effect on a batch of rows, from :meth:`Sampler.explain`; a pytree (``name`` is static).
 
   Attributes:
-    token: ``[B]`` int32, always in ``[0, V)``.
-    valid: ``[B]`` bool; False when no token survived (every logit masked,
-      ``-inf`` or NaN). ``token`` is then 0.
-    logprob: ``[B]`` float32 log-probability of ``token`` under the final
-      distribution the draw used (0 for greedy rows and invalid rows).
+    name: the stage (``"input"`` for the cleaned, masked row before any stage).
+    survivors: ``[B]`` int32 tokens still alive.
+    entropy: ``[B]`` float32 entropy in nats of the distribution at that point.
+    ids: ``[B, n]`` int32 the ``n`` most likely tokens, in sampling order.
+    probs: ``[B, n]`` float32 their probabilities at that point.
   """
 
-  token: jax.Array
-  valid: jax.Array
-  logprob: jax.Array
-
-
-def _is_concrete(value) -> bool:
-  return not isinstance(value, jax.core.Tracer)
-
-
-def _check_setting(setting: Setting, value) -> None:
-  if not _is_concrete(value):
-    return
-  v = np.asarray(value)
-  if not np.issubdtype(v.dtype, np.number):
-    raise ValueError(f"{setting.name}: must be a number or an array of numbers; got {v.dtype}")
-  if np.issubdtype(v.dtype, np.floating) and not np.all(np.isfinite(v)):
-    raise ValueError(f"{setting.name}: must be finite; got {value!r}")
-  if setting.dtype == jnp.int32 and not np.all(np.mod(v, 1) == 0):
-    raise ValueError(f"{setting.name}: must be an integer; got {value!r}")
-  # The state holds the value in the setting's dtype: check what it will hold
-  # (1e39 overflows float32, 1e-50 rounds to 0, 2**40 wraps in int32).
-  info = np.iinfo(np.int32) if setting.dtype == jnp.int32 else np.finfo(np.float32)
-  if np.any(v < info.min) or np.any(v > info.max):
-    raise ValueError(f"{setting.name}: must fit in {np.dtype(setting.dtype).name}; got {value!r}")
-  stored = v.astype(setting.dtype)
-  if not np.all(setting.valid(stored)):
-    held = f", which {np.dtype(setting.dtype).name} holds as {stored.tolist()}" if np.all(setting.valid(v)) else ""
-    raise ValueError(f"{setting.name}: must be {setting.allowed}; got {value!r}{held}")
-
-
-def _as_prompt(prompt) -> np.ndarray | jax.Array:
-  """A prompt as ``[L]`` or ``[B, L]`` integers, lists of lists padded with -1."""
-  if isinstance(prompt, (list, tuple)):
-    nested = bool(prompt) and all(np.ndim(p) == 1 for p in prompt)
-    try:
-      rows = [np.asarray(p) for p in prompt] if nested else [np.asarray(prompt)]
-    except ValueError as error:
-      raise ValueError(f"prompt: must be [L], [B, L] or a list of lists of token ids; {error}") from None
-    for row in rows:
-      if row.size and not np.issubdtype(row.dtype, np.integer):
-        raise ValueError(f"prompt: token ids must be integers; got dtype {row.dtype}")
-    if not nested:
-      prompt = rows[0].astype(np.int64) if rows[0].size else np.zeros((0,), np.int64)
-    else:
-      prompt = np.full((len(rows), max(r.size for r in rows)), -1, np.int64)
-      for i, row in enumerate(rows):
-        prompt[i, : row.size] = row
-  elif not jnp.issubdtype(prompt.dtype, jnp.integer):
-    raise ValueError(f"prompt: token ids must be integers; got dtype {prompt.dtype}")
-  if prompt.ndim not in (1, 2):
-    raise ValueError(f"prompt: must be [L] or [B, L]; got shape {prompt.shape}")
-  return prompt
-
-
-def _check_tokens(name: str, ids, vocab_size: int | None, lowest: int) -> None:
-  """Concrete token ids must lie in ``[lowest, vocab_size)``."""
-  if not _is_concrete(ids):
-    return
-  ids = np.asarray(ids)
-  if np.any(ids < lowest):
-    raise ValueError(f"{name}: token ids must be >= 0" + (" (or -1 for padding)" if lowest < 0 else ""))
-  if vocab_size is not None and np.any(ids >= vocab_size):
-    raise ValueError(f"{name}: token ids must be in [0, {vocab_size}) (the vocabulary)")
-
-
-def _load(window: jax.Array, position: jax.Array, prompt: jax.Array):
-  """Appends one row's prompt (``-1`` entries skipped) to its ring buffer."""
-  (width,) = window.shape
-  present = prompt >= 0
-  rank = jnp.cumsum(present.astype(jnp.int32)) - 1
-  count = jnp.sum(present.astype(jnp.int32))
-  if width:
-    # Only the last W tokens fit; they land on distinct slots.
-    fits = present & (rank >= count - width)
-    slot = jnp.where(fits, jnp.mod(position + rank, width), width)
-    window = window.at[slot].set(prompt, mode="drop")
-  return window, position + count
-
-
-def _accept(window: jax.Array, position: jax.Array, token: jax.Array):
-  (width,) = window.shape
-  if width:
-    window = window.at[jnp.mod(position, width)].set(token)
-  return window, position + 1
+  name: str
+  survivors: jax.Array
+  entropy: jax.Array
+  ids: jax.Array
+  probs: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,10 +47,12 @@ class Sampler:
 
   Attributes:
     stages: the stages, in the order they act.
-    window: ``W``, the ring buffer's capacity (static).
-    candidates: ``K``, the candidate budget of the fast path (static). It
+    window_size: ``W``, the ring buffer's capacity (static).
+    budget: ``K``, the candidate budget of the fast path (static). It
       changes speed only, never a token.
     vocab_size: ``V`` if known; then prompts and logits are checked against it.
+    strategy: ``"auto"``, ``"cpu"`` or ``"accelerator"`` (see
+      :mod:`jsample._src.strategy`); the tokens are the same.
     checking: what :meth:`checked` turned on; None for an unchecked sampler.
   """
 
@@ -151,41 +60,46 @@ class Sampler:
   window_size: int = 64
   budget: int = 128
   vocab_size: int | None = None
+  strategy: str = "auto"
   checking: checked.Checks | None = None
 
   def __post_init__(self):
-    if self.window_size < 0:
-      raise ValueError(f"window_size: must be >= 0; got {self.window_size}")
-    if self.budget < 1:
-      raise ValueError(f"budget: must be >= 1; got {self.budget}")
+    for name, value, least in (("window_size", self.window_size, 0), ("budget", self.budget, 1)):
+      if value < least:
+        raise ValueError(f"{name}: must be >= {least}; got {value}")
     if self.vocab_size is not None and self.vocab_size < 1:
       raise ValueError(f"vocab_size: must be >= 1; got {self.vocab_size}")
+    if self.strategy not in strategies.NAMES:
+      raise ValueError(f"strategy: must be one of {strategies.NAMES}; got {self.strategy!r}")
     names = [s.name for stage in self.stages for s in stage.settings]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
       raise ValueError(f"stages: each setting may belong to one stage only; repeated: {repeated}")
+    stateful = [stage.name for stage in self.stages if stage.init_state is not None]
+    if len(set(stateful)) < len(stateful):
+      raise ValueError(f"stages: stages that keep state need distinct names; got {stateful}")
     for setting in self.settings.values():
-      self._check(setting.name, setting.default)
-    cut_at = next((i for i, stage in enumerate(self.stages) if not stage.before_cut), len(self.stages))
-    late = [stage.name for stage in self.stages[cut_at:] if stage.before_cut]
+      self._check(setting, setting.default)
+    first = next((i for i, stage in enumerate(self.stages) if stage.touches is None), len(self.stages))
+    late = [stage.name for stage in self.stages[first:] if stage.touches is not None]
     if late:
       raise ValueError(
         f"stages: {late} act on the full row before the cut to candidates, so they must come before "
         f"every other stage; got the order {[stage.name for stage in self.stages]}"
       )
 
-  def _check(self, name: str, value) -> None:
-    _check_setting(self.settings[name], value)
-    if name == "penalty_last_n" and _is_concrete(value) and np.any(np.asarray(value) > self.window_size):
-      raise ValueError(
-        f"penalty_last_n: must be <= window={self.window_size} (the ring buffer's capacity); got {value!r}. "
-        "Build the sampler with a larger window."
-      )
+  def _check(self, setting: Setting, value) -> None:
+    validation.setting(setting, value, {"window_size": self.window_size, "budget": self.budget})
 
   @property
   def settings(self) -> dict[str, Setting]:
     """Every setting of the chain, by name."""
     return {s.name: s for stage in self.stages for s in stage.settings}
+
+  @property
+  def inputs(self) -> dict[str, str]:
+    """The per-call inputs the stages read besides ``mask``: name -> stage."""
+    return {name: stage.name for stage in self.stages for name in stage.inputs}
 
   def checked(self, *, nan: bool = True, empty: bool = True) -> "Sampler":
     """This sampler, reporting as errors the bad values ``jit`` lets through.
@@ -234,7 +148,8 @@ class Sampler:
       key: typed PRNG keys ``[]`` or ``[B]``, instead of ``seed``.
       batch: ``B``, when no other argument says it.
       **settings: values for the chain's settings (``temperature=0.7``,
-        ``top_p=[0.9, 1.0]``), each a scalar or one value per row.
+        ``top_p=[0.9, 1.0]``), each a scalar or one value per row (vector
+        settings: ``[N]`` or ``[B, N]``).
 
     Returns:
       A :class:`SamplerState`.
@@ -253,29 +168,27 @@ class Sampler:
     if seed is not None and key is not None:
       raise ValueError("seed, key: give one of them, not both")
     for name, value in settings.items():
-      self._check(name, value)
+      self._check(known[name], value)
     if key is not None and not jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
       raise ValueError(
         "key: must be typed PRNG keys from jax.random.key (or jax.random.wrap_key_data); "
         f"got dtype {jnp.asarray(key).dtype}"
       )
-    if seed is not None and _is_concrete(seed):
+    if seed is not None and validation.is_concrete(seed):
       seeds = np.asarray(seed)
       if not np.issubdtype(seeds.dtype, np.integer) or np.any(seeds < 0) or np.any(seeds >= 2**32):
         raise ValueError(f"seed: must be integers in [0, 2**32); got {seed!r}")
     if prompt is not None:
-      prompt = _as_prompt(prompt)
+      prompt = as_prompt(prompt)
 
-    shapes = {name: np.shape(v) for name, v in settings.items()}
-    if seed is not None:
-      shapes["seed"] = np.shape(seed)
-    if key is not None:
-      shapes["key"] = np.shape(key)
+    shapes = {name: validation.rows_of(known[name], v) for name, v in settings.items()}
+    for name, value in (("seed", seed), ("key", key)):
+      if value is not None:
+        shapes[name] = np.shape(value)
+        if len(shapes[name]) > 1:
+          raise ValueError(f"{name}: must be a scalar or one value per row [B]; got shape {shapes[name]}")
     if prompt is not None and prompt.ndim == 2:
       shapes["prompt"] = prompt.shape[:1]
-    for name, shape in shapes.items():
-      if len(shape) > 1:
-        raise ValueError(f"{name}: must be a scalar or one value per row [B]; got shape {shape}")
     sizes = {name: shape[0] for name, shape in shapes.items() if shape}
     if batch is not None:
       sizes["batch"] = batch
@@ -284,20 +197,27 @@ class Sampler:
     rows = () if not sizes else (next(iter(sizes.values())),)
 
     if key is None:
-      seeds = jnp.broadcast_to(jnp.asarray(0 if seed is None else seed, jnp.uint32), rows)
-      key = jax.vmap(jax.random.key)(seeds.reshape(-1)).reshape(rows)
+      per_row = jnp.broadcast_to(jnp.asarray(0 if seed is None else seed, jnp.uint32), rows)
+      key = jax.vmap(jax.random.key)(per_row.reshape(-1)).reshape(rows)
     else:
       key = jnp.broadcast_to(key, rows)
     values = {
-      name: jnp.broadcast_to(jnp.asarray(settings.get(name, s.default), s.dtype), rows) for name, s in known.items()
+      name: jnp.broadcast_to(jnp.asarray(settings.get(name, s.default), s.dtype), rows + s.shape)
+      for name, s in known.items()
     }
-    state = SamplerState(
+    own = {
+      stage.name: jax.tree.map(lambda a: jnp.broadcast_to(a, rows + jnp.shape(a)), stage.init_state())
+      for stage in self.stages
+      if stage.init_state is not None
+    }
+    fresh = SamplerState(
       key=key,
       position=jnp.zeros(rows, jnp.int32),
       window=jnp.full(rows + (self.window_size,), -1, jnp.int32),
       settings=values,
+      stages=own,
     )
-    return state if prompt is None else self.load_prompt(state, prompt)
+    return fresh if prompt is None else self.load_prompt(fresh, prompt)
 
   def configure(self, state: SamplerState, **settings) -> SamplerState:
     """Returns ``state`` with new setting values; nothing recompiles.
@@ -311,10 +231,11 @@ class Sampler:
     """
     rows = state.position.shape
     for name, value in settings.items():
-      if np.ndim(value) > len(rows):
+      spec = self.settings.get(name)
+      if spec is not None and np.ndim(value) > len(rows) + len(spec.shape):
         raise ValueError(f"{name}: the state holds one row, so give a scalar; got shape {np.shape(value)}")
     fresh = self.init(key=state.key, **settings)
-    updated = {name: jnp.broadcast_to(fresh.settings[name], rows) for name in settings}
+    updated = {name: jnp.broadcast_to(fresh.settings[name], state.settings[name].shape) for name in settings}
     return state._replace(settings={**state.settings, **updated})
 
   def load_prompt(self, state: SamplerState, prompt) -> SamplerState:
@@ -328,9 +249,16 @@ class Sampler:
     Returns:
       ``state`` with the last ``W`` prompt tokens in the window and
       ``position`` advanced by the prompt's length.
+
+    Examples:
+      >>> import jsample
+      >>> sampler = jsample.llama_cpp(window_size=4)
+      >>> state = sampler.load_prompt(sampler.init(seed=0), [5, 6, 7, 8, 9])
+      >>> state.window.tolist(), int(state.position)
+      ([9, 6, 7, 8], 5)
     """
-    prompt = _as_prompt(prompt)
-    _check_tokens("prompt", prompt, self.vocab_size, lowest=-1)
+    prompt = as_prompt(prompt)
+    validation.tokens("prompt", prompt, self.vocab_size, lowest=-1)
     if self.checking:
       checked.tokens("prompt", prompt, self.vocab_size, lowest=-1)
     batched = state.position.ndim == 1
@@ -339,13 +267,16 @@ class Sampler:
     prompt = jnp.asarray(prompt, jnp.int32)
     if batched:
       prompt = jnp.broadcast_to(prompt, state.position.shape + prompt.shape[-1:])
-      window, position = jax.vmap(_load)(state.window, state.position, prompt)
+      window, position = jax.vmap(load)(state.window, state.position, prompt)
     else:
-      window, position = _load(state.window, state.position, prompt)
+      window, position = load(state.window, state.position, prompt)
     return state._replace(window=window, position=position)
 
   def accept(self, state: SamplerState, token: jax.Array) -> SamplerState:
     """Appends tokens chosen by the caller (speculative decoding, forced tokens).
+
+    Stages that keep state update it as after a draw, with the token's
+    log-probability unknown (NaN).
 
     Args:
       state: the rows' state.
@@ -353,24 +284,32 @@ class Sampler:
 
     Returns:
       ``state`` with ``token`` in the window and ``position + 1``.
+
+    Examples:
+      >>> import jsample
+      >>> sampler = jsample.llama_cpp(window_size=4)
+      >>> state = sampler.accept(sampler.init(seed=0), 7)
+      >>> state.window.tolist(), int(state.position)
+      ([7, -1, -1, -1], 1)
     """
     if not jnp.issubdtype(jnp.asarray(token).dtype, jnp.integer):
       raise ValueError(f"token: must be integer token ids; got dtype {jnp.asarray(token).dtype}")
-    _check_tokens("token", token, self.vocab_size, lowest=0)
+    validation.tokens("token", token, self.vocab_size, lowest=0)
     if self.checking:
       checked.tokens("token", token, self.vocab_size, lowest=0)
     token = jnp.asarray(token, jnp.int32)
     if token.shape != state.position.shape:
       raise ValueError(f"token: must have shape {state.position.shape} to match the state; got {token.shape}")
-    step = _accept
-    for _ in range(state.position.ndim):
-      step = jax.vmap(step)
-    window, position = step(state.window, state.position, token)
-    return state._replace(window=window, position=position)
+    single = token.ndim == 0
+    if single:
+      token, state = token[None], jax.tree.map(lambda a: a[None], state)
+    drawn = Draw(token, jnp.ones(token.shape, bool), jnp.full(token.shape, jnp.nan, jnp.float32))
+    state = self._advance(state, drawn, {}, self.vocab_size or 0)
+    return jax.tree.map(lambda a: a[0], state) if single else state
 
   # -- drawing ----------------------------------------------------------------
 
-  def pick(self, logits: jax.Array, state: SamplerState, mask=None) -> tuple[jax.Array, SamplerState]:
+  def pick(self, logits: jax.Array, state: SamplerState, mask=None, **inputs) -> tuple[jax.Array, SamplerState]:
     """Draws the next token of every row and accepts it into the window.
 
     Args:
@@ -378,6 +317,8 @@ class Sampler:
       state: the rows' state, batched like ``logits``.
       mask: optional allowed tokens, bool ``[..., V]`` or packed int32
         ``[..., M]`` (bit ``j % 32`` of word ``j // 32``).
+      **inputs: per-call inputs that the chain's stages declare
+        (:attr:`inputs`), batched like ``logits``.
 
     Returns:
       ``(token, state)``: ``token`` is ``[]`` or ``[B]`` int32.
@@ -390,11 +331,11 @@ class Sampler:
       >>> int(state.position)
       4
     """
-    drawn, state = self._draw(logits, state, mask, logprob=False)
+    drawn, state = self._one_row_or_batch(self._draw, logits, state, dict(inputs, mask=mask), logprob=False)
     return drawn.token, state
 
-  def pick_with_info(self, logits: jax.Array, state: SamplerState, mask=None) -> tuple[Draw, SamplerState]:
-    """Like :meth:`pick`, returning a :class:`Draw` (token, valid, logprob).
+  def pick_with_info(self, logits: jax.Array, state: SamplerState, mask=None, **inputs) -> tuple[Draw, SamplerState]:
+    """Like :meth:`pick`, returning a :class:`Draw` (token, valid, logprob) instead of the token.
 
     Examples:
       >>> import jax.numpy as jnp, jsample
@@ -403,33 +344,9 @@ class Sampler:
       >>> bool(drawn.valid), int(drawn.token)  # nothing survives: flagged, in range
       (False, 0)
     """
-    return self._draw(logits, state, mask, logprob=True)
+    return self._one_row_or_batch(self._draw, logits, state, dict(inputs, mask=mask), logprob=True)
 
-  def _draw(self, logits, state: SamplerState, mask, *, logprob: bool) -> tuple[Draw, SamplerState]:
-    rows, state, single = self._prepare(logits, state, mask)
-    words = jax.vmap(noise.step_bits)(state.key, state.position)
-    cands, ok = self._candidates(rows, state)
-    fast = jax.vmap(_finish)(cands.logits, cands.ids, words)
-
-    def slow(raw, mask, settings, window, position, words):
-      final = _relative(self._full_row(raw, mask, settings, window, position))
-      token, valid = noise.race_row(final, words)
-      if not logprob:  # pick drops it, and on a full row it costs an exp per token
-        return Draw(token, valid, jnp.float32(0))
-      return Draw(token, valid, jnp.where(valid, final[token] - logsumexp(final), 0.0))
-
-    drawn = _per_row(ok, fast, slow, *rows, state.settings, state.window, state.position, words)
-    if self.checking:
-      checked.drawn(self, drawn.valid)
-    # A row where nothing survived still advances, with an empty window slot.
-    accepted = jnp.where(drawn.valid, drawn.token, -1)
-    window, position = jax.vmap(_accept)(state.window, state.position, accepted)
-    state = state._replace(window=window, position=position)
-    if single:
-      drawn, state = jax.tree.map(lambda a: a[0], (drawn, state))
-    return drawn, state
-
-  def probs(self, logits: jax.Array, state: SamplerState, mask=None) -> jax.Array:
+  def probs(self, logits: jax.Array, state: SamplerState, mask=None, **inputs) -> jax.Array:
     """The distribution :meth:`pick` draws from, as probabilities ``[..., V]``.
 
     Zero outside the survivors of the chain; one-hot for greedy rows; all
@@ -442,167 +359,194 @@ class Sampler:
       >>> [round(float(v), 3) for v in p]
       [0.0, 0.667, 0.333]
     """
-    rows, state, single = self._prepare(logits, state, mask)
-    cands, ok = self._candidates(rows, state)
-    vocab = jnp.shape(logits)[-1]
+    return self._one_row_or_batch(self._probs, logits, state, dict(inputs, mask=mask))
 
-    def spread(logits, ids):
-      return jnp.zeros(vocab, jnp.float32).at[ids].set(_softmax(logits))
+  def _probs(self, logits, state: SamplerState, inputs: dict) -> jax.Array:
+    (raw, mask), rows, single, plan = self._prepare(logits, state, inputs)
+    vocab = raw.shape[-1]
 
-    def slow(*row):
-      return _softmax(self._full_row(*row))
+    def spread(cands):
+      return jax.vmap(lambda x, ids: jnp.zeros(vocab, jnp.float32).at[ids].set(draw.softmax(x), mode="drop"))(
+        cands.logits, cands.ids
+      )
 
-    fast = jax.vmap(spread)(cands.logits, cands.ids)
-    out = _per_row(ok, fast, slow, *rows, state.settings, state.window, state.position)
+    def slow(raw, mask, row):
+      return draw.softmax(paths.full_row(self.stages, raw, mask, row, plan))
+
+    out = self._decide(raw, mask, rows, plan, spread, slow)
     return out[0] if single else out
 
-  def _prepare(self, logits, state: SamplerState, mask):
-    """Checks the inputs; returns them with a batch axis, and whether it was added.
+  def explain(self, logits: jax.Array, state: SamplerState, mask=None, *, top: int = 5, **inputs) -> list[StageView]:
+    """What each stage does to the rows: survivors, entropy and the best tokens after each.
+
+    It runs the full-vocabulary path (exact, and slower than :meth:`pick`),
+    draws nothing and leaves the state alone: a view for notebooks and demos.
+
+    Args:
+      logits: ``[V]`` or ``[B, V]``.
+      state: the rows' state.
+      mask: optional allowed tokens, as for :meth:`pick`.
+      top: ``n``, how many of the most likely tokens each view lists.
+      **inputs: per-call inputs, as for :meth:`pick`.
+
+    Returns:
+      A :class:`StageView` for the input row, then one per stage, in order.
+
+    Examples:
+      >>> import jax.numpy as jnp, jsample
+      >>> sampler = jsample.llama_cpp(top_k=2)
+      >>> views = sampler.explain(jnp.log(jnp.array([0.5, 0.3, 0.2])), sampler.init(seed=0), top=2)
+      >>> [(v.name, int(v.survivors)) for v in views]
+      [('input', 3), ('penalties', 3), ('top_k', 2), ('top_p', 2), ('min_p', 2), ('temperature', 2)]
+      >>> [round(float(p), 3) for p in views[2].probs]
+      [0.625, 0.375]
+    """
+    (raw, mask), rows, single, plan = self._prepare(logits, state, dict(inputs, mask=mask))
+    vocab = raw.shape[-1]
+    n = min(top, vocab)
+
+    def one(raw, mask, row):
+      x = paths.full_row((), raw, mask, row, plan)
+      views = [_view(x, n)]
+      for stage in self.stages:
+        x = stage.on_row(x, row.settings, paths.context(stage, row, vocab, plan))
+        views.append(_view(x, n))
+      return views
+
+    views = jax.vmap(one)(raw, mask, rows)
+    names = ("input",) + tuple(stage.name for stage in self.stages)
+    if single:
+      views = jax.tree.map(lambda a: a[0], views)
+    return [StageView(name, *view) for name, view in zip(names, views, strict=True)]
+
+  # -- the draw -----------------------------------------------------------------
+
+  def _one_row_or_batch(self, method, logits, state: SamplerState, inputs: dict, **static):
+    """``method(logits, state, inputs)``; for one row ``[V]``, with a batching rule of its own.
+
+    Under ``jax.vmap(sampler.pick)`` JAX would otherwise map the one-row
+    program over the rows, and its conditionals would become selects that run
+    every branch (the full-vocabulary path included) for every row. The rule
+    runs the batched call instead: the same tokens, at the batched call's cost.
+    """
+    call = functools.partial(method, **static)
+    if jnp.ndim(logits) != 1 or self.checking:  # checkify does not cross a custom batching rule
+      return call(logits, state, inputs)
+    inputs = {name: value for name, value in inputs.items() if value is not None}
+
+    @jax.custom_batching.custom_vmap
+    def one_row(logits, state, inputs):
+      return call(logits, state, inputs)
+
+    @one_row.def_vmap
+    def rows(axis_size, in_batched, logits, state, inputs):
+      def spread(value, batched):
+        return value if batched else jnp.broadcast_to(value, (axis_size,) + jnp.shape(value))
+
+      args = jax.tree.map(spread, (logits, state, inputs), tuple(in_batched))
+      out = call(*args)
+      return out, jax.tree.map(lambda _: True, out)
+
+    return one_row(logits, state, inputs)
+
+  def _draw(self, logits, state: SamplerState, inputs: dict, *, logprob: bool) -> tuple[Draw, SamplerState]:
+    (raw, mask), rows, single, plan = self._prepare(logits, state, inputs)
+    # pick drops the log-probability, and on a full row it costs an exp per token.
+    needs_logprob = logprob or any(stage.update is not None for stage in self.stages)
+
+    def fast(cands):
+      return jax.vmap(draw.on_candidates)(cands.logits, cands.ids, rows.bits)
+
+    def slow(raw, mask, row):
+      final = paths.full_row(self.stages, raw, mask, row, plan)
+      return draw.on_row(final, row.bits, plan.race_row, logprob=needs_logprob)
+
+    drawn = self._decide(raw, mask, rows, plan, fast, slow)
+    if self.checking:
+      checked.drawn(self, drawn.valid)
+    state = self._advance(_batched(state, single), drawn, rows.inputs, raw.shape[-1])
+    if single:
+      drawn, state = jax.tree.map(lambda a: a[0], (drawn, state))
+    return drawn, state
+
+  def _decide(self, raw, mask, rows: paths.Rows, plan: strategies.Strategy, fast, slow):
+    """``fast(candidates)`` for the rows the candidates decide, ``slow(row)`` for the others."""
+    (first, ok), refine = paths.candidates(self.stages, self.budget, raw, mask, rows, plan)
+
+    def refined():
+      cands, better = refine()
+      return fast(cands), better
+
+    return plan.decide(ok, fast(first), refined, slow, raw, mask, rows)
+
+  def _advance(self, state: SamplerState, drawn: Draw, inputs: dict, vocab: int) -> SamplerState:
+    """Accepts the drawn tokens and updates the stages' own state; batched rows."""
+    # A row where nothing survived still advances, with an empty window slot.
+    accepted = jnp.where(drawn.valid, drawn.token, -1)
+    stages = dict(state.stages)
+    updating = [stage for stage in self.stages if stage.update is not None]
+    if updating:
+      bits = jax.vmap(noise.step_bits)(state.key, state.position)
+      rows = paths.Rows(state.settings, state.window, state.position, bits, inputs, state.stages)
+      plan = strategies.resolve(self.strategy)
+
+      def update(stage, row, token, logprob):
+        ctx = paths.context(stage, row, vocab, plan)
+        return stage.update(ctx.state, token, logprob, row.settings, ctx)
+
+      for stage in updating:
+        stages[stage.name] = jax.vmap(lambda r, t, lp, s=stage: update(s, r, t, lp))(rows, accepted, drawn.logprob)
+    window, position = jax.vmap(append)(state.window, state.position, accepted)
+    return state._replace(window=window, position=position, stages=stages)
+
+  def _prepare(self, logits, state: SamplerState, inputs: dict):
+    """Checks the inputs; returns ``((raw, mask), rows, single, strategy)`` with a batch axis.
 
     The logits stay as given: each reader cleans what it reads (see
     :func:`cut.clean`), so no float32 copy of the batch is ever written.
     """
     logits = jnp.asarray(logits)
-    if not jnp.issubdtype(logits.dtype, jnp.floating):
-      raise ValueError(f"logits: must be float32, bfloat16 or float16; got {logits.dtype}")
-    if logits.ndim not in (1, 2):
-      raise ValueError(f"logits: must be [V] or [B, V]; got shape {logits.shape}")
-    vocab = logits.shape[-1]
-    if vocab < 1:
-      raise ValueError("logits: the vocabulary must hold at least one token")
-    if self.vocab_size is not None and vocab != self.vocab_size:
-      raise ValueError(f"logits: width {vocab} differs from the sampler's vocab_size={self.vocab_size}")
+    validation.logits(logits, self.vocab_size)
     if state.position.shape != logits.shape[:-1]:
       raise ValueError(
         f"state: holds rows of shape {state.position.shape}, logits {logits.shape} need {logits.shape[:-1]}"
       )
-    if mask is not None:
-      mask = jnp.asarray(mask)
-      masks.check(mask, logits.shape)
+    given = {name: jnp.asarray(value) for name, value in inputs.items() if value is not None}
+    validation.inputs(given, self.inputs, logits.shape)
+    missing = sorted(set(self.inputs) - set(given))
+    if missing:
+      raise ValueError(f"{missing[0]}: the stage {self.inputs[missing[0]]!r} needs this input; pass it to the call")
+    # Window ids outside the vocabulary count for no token; say so where they can be seen.
+    validation.tokens("state.window", state.window, logits.shape[-1], lowest=-1)
     if self.checking:
       checked.inputs(self, logits, state)
     single = logits.ndim == 1
     if single:
-      logits, mask = logits[None], None if mask is None else mask[None]
-      state = jax.tree.map(lambda a: a[None], state)
-    return (logits, mask), state, single
-
-  def _candidates(self, rows, state: SamplerState):
-    """Runs the chain on candidates; returns them and the rows they are exact for."""
-    per_row = (state.settings, state.window, state.position)
-    vocab = rows[0].shape[-1]
-    # Penalties that only lower logits change the window's tokens alone, so at
-    # most min(W, K) of the best K + min(W, K) raw tokens fall out of the K best;
-    # _cut_row checks that and flags a row when more did.
-    extra = min(self.window_size, self.budget) if any(s.before_cut for s in self.stages) else 0
-    wide = min(vocab, self.budget + extra)
-    logits, ids = cut.top_candidates(*rows, wide)
-    candidates = jax.vmap(functools.partial(self._cut_row, vocab=vocab))(logits, ids, *per_row)
-    # The row's log-normaliser costs an exp per token, so the chain first runs
-    # without it; only if some row needs it is it computed, for the batch.
-    unchanged = ~jnp.isnan(candidates.total)
-    chain_row = jax.vmap(functools.partial(self._chain_row, vocab=vocab))
-
-    def run(total):
-      return chain_row(candidates._replace(total=total), *per_row)
-
-    def with_total():
-      return run(jnp.where(unchanged, cut.log_normalisers(*rows, logits[:, 0]), jnp.nan))
-
-    first = run(jnp.full(candidates.total.shape, jnp.nan))
-    cands = _merge(first.exact & first.complete, first, with_total)
-    return cands, cands.exact & cands.complete
-
-  def _cut_row(self, logits, ids, settings, window, position, *, vocab: int) -> Candidates:
-    """The ``K`` best tokens of one row, from the ``wide`` best before the stages
-    that run before the cut (which only change tokens of the window).
-
-    Exact when the ``K``-th best after those stages still beats every token
-    outside the ``wide`` (each at most the last raw candidate). Its ``total``
-    is a placeholder: 0 where the row's log-normaliser still holds after
-    those stages, NaN where they changed it.
-    """
-    (wide,) = ids.shape
-    ctx = Context(window, position, vocab)
-    whole = (wide == vocab) | (logits[-1] == -jnp.inf)
-    c = Candidates(ids, logits, jnp.float32(0), whole, jnp.bool_(True))
-    before = [s for s in self.stages if s.before_cut]
-    for stage in before:
-      c = stage.on_candidates(c, settings, ctx)
-    if before:
-      ids, penalised = sort_candidates(c.ids, c.logits)
-      kept = min(self.budget, wide)
-      c = c._replace(
-        ids=ids[:kept],
-        logits=penalised[:kept],
-        complete=(kept == vocab) | (penalised[kept - 1] == -jnp.inf),
-        exact=c.exact & (whole | (penalised[kept - 1] > logits[-1])),
-      )
-    return c
-
-  def _chain_row(self, c: Candidates, settings, window, position, *, vocab: int) -> Candidates:
-    """The ``O(K)`` rest of the candidate path, for one row."""
-    ctx = Context(window, position, vocab)
-    for stage in self.stages:
-      if not stage.before_cut:
-        c = stage.on_candidates(c, settings, ctx)
-    return c
-
-  def _full_row(self, raw, mask, settings, window, position) -> jax.Array:
-    """The full-vocabulary path for one row: every stage on ``[V]``, no sort."""
-    x = cut.full_row(raw, mask)
-    ctx = Context(window, position, x.shape[0])
-    for stage in self.stages:
-      x = stage.on_row(x, settings, ctx)
-    return x
+      logits, given, state = jax.tree.map(lambda a: a[None], (logits, given, state))
+    mask = given.pop("mask", None)
+    bits = jax.vmap(noise.step_bits)(state.key, state.position)
+    rows = paths.Rows(state.settings, state.window, state.position, bits, given, state.stages)
+    return (logits, mask), rows, single, strategies.resolve(self.strategy)
 
 
-def _per_row(ok: jax.Array, fast, slow, *rows):
-  """Per row, ``fast`` where ``ok``, else ``slow(*row)``.
-
-  ``slow`` runs row by row, and only for the rows that need it: its ``O(V)``
-  temporaries exist for one row at a time, and a batch where every row is
-  ``ok`` pays nothing for it. (Rows are indexed inside the loop, not mapped
-  over: mapping would copy the whole batch of logits first.)
-  """
-
-  def one(i):
-    pick = functools.partial(jax.tree.map, lambda a: a[i])
-    return lax.cond(ok[i], lambda: pick(fast), lambda: slow(*pick(rows)))
-
-  if not ok.shape[0]:  # no rows: nothing to index
-    return fast
-  # The loop carries the logits, which XLA copies in first: skip it when it has nothing to do.
-  return lax.cond(jnp.all(ok), lambda: fast, lambda: lax.map(one, jnp.arange(ok.shape[0])))
+def _batched(state: SamplerState, single: bool) -> SamplerState:
+  return jax.tree.map(lambda a: a[None], state) if single else state
 
 
-def _merge(ok: jax.Array, fast, slow):
-  """Per row, ``fast`` where ``ok``; ``slow()`` runs once, only if some row needs it."""
-  full = lax.cond(jnp.all(ok), lambda: fast, slow)
-  return jax.tree.map(lambda a, b: jnp.where(ok.reshape(ok.shape + (1,) * (a.ndim - 1)), a, b), fast, full)
+def _view(x: jax.Array, n: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  p = draw.softmax(x)
+  entropy = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0))
+  probs, ids = lax.top_k(p, n)
+  return jnp.sum(x > -jnp.inf, dtype=jnp.int32), entropy, ids.astype(jnp.int32), probs
 
 
-def _relative(logits: jax.Array) -> jax.Array:
-  """The logits minus the best one. Near the largest float, ``best + log Σ exp``
-  rounds to ``best``: ties there (several +inf tokens) would each get mass 1."""
-  best = jnp.max(logits)
-  return logits - jnp.where(best > -jnp.inf, best, 0.0)
-
-
-def _softmax(logits: jax.Array) -> jax.Array:
-  """Probabilities of the survivors; all zero when nothing survives."""
-  e = jnp.where(logits > -jnp.inf, jnp.exp(_relative(logits)), 0.0)
-  return e / jnp.maximum(jnp.sum(e), 1.0)  # the best survivor alone adds 1
-
-
-def _finish(logits: jax.Array, ids: jax.Array, words: jax.Array) -> Draw:
-  logits = _relative(logits)
-  token, valid = noise.race(logits, ids, words)
-  chosen = jnp.max(jnp.where(ids == token, logits, -jnp.inf))
-  return Draw(token, valid, jnp.where(valid, chosen - logsumexp(logits), 0.0))
-
-
-def chain(*stages: Stage, window_size: int = 64, budget: int = 128, vocab_size: int | None = None) -> Sampler:
+def chain(
+  *stages: Stage,
+  window_size: int = 64,
+  budget: int = 128,
+  vocab_size: int | None = None,
+  strategy: str = "auto",
+) -> Sampler:
   """Composes stages, in the order given, into a :class:`Sampler`.
 
   The sampler draws from whatever survives the last stage: with temperature
@@ -610,9 +554,10 @@ def chain(*stages: Stage, window_size: int = 64, budget: int = 128, vocab_size: 
 
   Args:
     *stages: :class:`Stage` s such as :func:`top_k` or :func:`temperature`.
-    window: ``W``, the capacity of the recent-token ring buffer.
-    candidates: ``K``, how many candidates the fast path keeps after its cut.
+    window_size: ``W``, the capacity of the recent-token ring buffer.
+    budget: ``K``, how many candidates the fast path keeps after its cut.
     vocab_size: optional ``V``, to check prompts and logits against.
+    strategy: ``"auto"`` (by JAX's backend), ``"cpu"`` or ``"accelerator"``.
 
   Returns:
     A :class:`Sampler`.
@@ -627,4 +572,4 @@ def chain(*stages: Stage, window_size: int = 64, budget: int = 128, vocab_size: 
   for stage in stages:
     if not isinstance(stage, Stage):
       raise ValueError(f"stages: expected Stage objects (jsample.top_k(...), ...); got {stage!r}")
-  return Sampler(tuple(stages), window_size=window_size, budget=budget, vocab_size=vocab_size)
+  return Sampler(tuple(stages), window_size=window_size, budget=budget, vocab_size=vocab_size, strategy=strategy)

@@ -19,7 +19,7 @@ def order_key(x: jax.Array) -> jax.Array:
   return jnp.where(negative, ~bits, bits | jnp.uint32(0x80000000))
 
 
-def shortest_prefix(logits: jax.Array, weight: jax.Array, target: jax.Array) -> jax.Array:
+def shortest_prefix(logits: jax.Array, weight: jax.Array, target: jax.Array, *, unroll: bool = False) -> jax.Array:
   """The shortest prefix, in sampling order, whose weight reaches ``target``.
 
   Sampling order is logit descending, ties by id ascending; ``-inf`` entries
@@ -30,6 +30,8 @@ def shortest_prefix(logits: jax.Array, weight: jax.Array, target: jax.Array) -> 
     logits: ``[V]`` float32.
     weight: ``[V]`` non-negative weights (int32 counts or float32 masses).
     target: ``[]`` the weight the prefix must reach.
+    unroll: run the fixed passes as straight-line code instead of a loop
+      (what accelerators want: a loop's predicate makes the host wait).
 
   Returns:
     ``[V]`` bool, True for members of the prefix.
@@ -50,7 +52,7 @@ def shortest_prefix(logits: jax.Array, weight: jax.Array, target: jax.Array) -> 
 
   # The largest key whose upper set still reaches the target: the key of the
   # token that crosses it.
-  crossing = lax.fori_loop(0, 32, refine_key, jnp.uint32(0))
+  crossing = _repeat(32, refine_key, jnp.uint32(0), unroll)
   above = jnp.sum(jnp.where(key > crossing, weight, zero))
   tied = key == crossing
   ids = jnp.arange(vocab, dtype=jnp.int32)
@@ -63,5 +65,14 @@ def shortest_prefix(logits: jax.Array, weight: jax.Array, target: jax.Array) -> 
     return jnp.where((trial <= vocab) & short, trial, last)
 
   id_bits = max(1, vocab.bit_length())
-  last = lax.fori_loop(0, id_bits, refine_id, jnp.int32(0))
+  last = _repeat(id_bits, refine_id, jnp.int32(0), unroll)
   return (key > crossing) | (tied & (ids <= last))
+
+
+def _repeat(count: int, body, value, unroll: bool):
+  """``lax.fori_loop(0, count, body, value)``, or the same passes written out."""
+  if not unroll:
+    return lax.fori_loop(0, count, body, value)
+  for i in range(count):
+    value = body(jnp.int32(i), value)
+  return value

@@ -1,42 +1,74 @@
-"""What a stage is: settings it owns, and its action on candidates and on a row.
+"""The stage contract: the settings a stage owns, and its action on candidates and on a row.
 
-A stage acts twice over, once per path of :meth:`Sampler.pick`:
+A stage acts once per draw, on one of two paths of :meth:`Sampler.pick`:
 
 - ``on_candidates`` works on :class:`Candidates`, the ``K`` best tokens of the
   row after the one ``O(V)`` cut, like llama.cpp's token data array;
-- ``on_row`` works on the full ``[V]`` row and must never sort it.
+- ``on_row`` works on the full ``[V]`` row (the fallback, exact for any
+  setting) and must never sort it.
 
-Both see one row at a time (the sampler ``vmap``s them) and must remove the
-same tokens and leave the same logits, so that both paths draw the same token.
-Removed tokens carry ``-inf``.
+Both see one row at a time (the sampler maps them over the batch) and must
+remove the same tokens and leave the same logits, so that both paths draw the
+same token. Removed tokens carry ``-inf``. Besides its settings, a stage may
+declare:
+
+- ``touches``: the ids whose logits it may change *before* the cut (penalties:
+  the window's tokens; logit bias: the biased ids). The cut then keeps those
+  ids beside the ``K`` best, so any change to them, up or down, stays exact;
+- ``row_stat``: a statistic of the row as the cut gives it (temperature: the
+  log-normaliser of the tempered row), computed in a batched pass over ``V``
+  when some row needs it and passed in as ``Context.stat``;
+- ``init_state`` and ``update``: per-row state of its own (mirostat's ``mu``),
+  kept in ``SamplerState.stages[name]`` and updated after every draw and by
+  :meth:`Sampler.accept`;
+- ``inputs``: per-call inputs it reads (``pick(..., name=array)``), seen per
+  row as ``Context.inputs[name]``.
+
+:func:`elementwise` builds both actions of a stage from one elementwise rule.
 """
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+from jax import lax
+
+from jsample._src import noise
+from jsample._src.search import shortest_prefix
+
+Settings = dict[str, jax.Array]
+"""One row's setting values, by name (scalars ``[]`` or short vectors ``[N]``)."""
 
 
 class Setting(NamedTuple):
-  """A per-row numeric setting that a stage reads from the sampler state.
+  """A per-row setting that a stage reads from the sampler state.
 
   Attributes:
     name: the keyword users pass to ``init`` (``"top_p"``).
     default: the value rows get unless ``init`` says otherwise.
-    dtype: ``jnp.float32`` or ``jnp.int32``.
-    valid: predicate over values, False marks a bad one. It sees NumPy arrays in
-      ``init``, and traced arrays in :meth:`Sampler.checked` mode, so write it
-      with operators and ``jnp`` functions (``jnp.isfinite``, not ``np``).
-    allowed: the allowed range in words, for the error message.
+    dtype: ``jnp.float32``, ``jnp.int32`` or ``jnp.bool_``.
+    valid: predicate over values, False marks a bad one. The same predicate
+      checks concrete values in ``init`` and traced ones in
+      :meth:`Sampler.checked` mode, so write it with operators and ``jnp``.
+    allowed: the allowed range in words, for error messages.
+    neutral: the value that turns the stage off (None: no single such value).
+    help: one line for ``--help`` texts and docs.
+    shape: one row's shape: ``()`` for a scalar, ``(N,)`` for a short vector
+      (logit-bias ids, say); ``init`` takes ``[N]`` for every row or ``[B, N]``.
+    at_most: the name of a static size of the sampler that bounds the value
+      (``"window_size"`` for ``penalty_last_n``), or None.
   """
 
   name: str
-  default: float | int
+  default: Any
   dtype: Any
-  valid: Callable[[np.ndarray], np.ndarray]
+  valid: Callable[[Any], Any]
   allowed: str
+  neutral: Any = None
+  help: str = ""
+  shape: tuple[int, ...] = ()
+  at_most: str | None = None
 
 
 class Context(NamedTuple):
@@ -46,27 +78,56 @@ class Context(NamedTuple):
     window: ``[W]`` int32 ring buffer of recent token ids, ``-1`` for empty.
     position: ``[]`` int32 tokens accepted so far; the newest sits at
       ``window[(position - 1) % W]``.
-    vocab: ``V``, the row's width (static).
+    vocab: ``V``, the size of the vocabulary (static).
+    offset: the token id of the row's first entry: ``on_row`` sees tokens
+      ``offset .. offset + width - 1`` (0 unless the vocabulary is sharded).
+    bits: ``[2]`` uint32, the row's step bits (``fold_in(key, position)``);
+      use :meth:`uniform` for a stage's own randomness.
+    inputs: the per-call inputs the stage declared, for this row.
+    state: the stage's own state for this row (None without ``init_state``).
+    stat: the stage's row statistic, or None where it is not known (not
+      computed yet, or the stage declared none).
+    search: ``shortest_prefix(logits, weight, target)`` of the strategy in
+      use; ``on_row`` calls it instead of importing one.
   """
 
   window: jax.Array
   position: jax.Array
   vocab: int
+  offset: Any = 0
+  bits: Any = None
+  inputs: dict[str, jax.Array] = {}
+  state: Any = None
+  stat: Any = None
+  search: Callable[[jax.Array, jax.Array, jax.Array], jax.Array] = shortest_prefix
+
+  def ids(self, width: int) -> jax.Array:
+    """``[width]`` int32 token ids of a row of that width."""
+    return self.offset + jnp.arange(width, dtype=jnp.int32)
+
+  def uniform(self, salt: int) -> jax.Array:
+    """A uniform in ``[0, 1)`` from the row's own stream, one per ``salt`` and step.
+
+    Stages that need a coin (XTC) use their own salt, so that their coin never
+    repeats the noise of the draw.
+    """
+    return noise.uniform(self.bits, jnp.asarray([-1 - salt], jnp.int32))[0]
 
 
 class Candidates(NamedTuple):
   """The ``K`` best tokens of one row, in sampling order.
 
-  Sampling order is logit descending, then id ascending. Stages that only
-  remove tokens or apply a monotone map keep it; stages applied before the cut
-  (penalties) may break it, and the sampler re-sorts after them.
+  Sampling order is logit descending, then id ascending. Every stage after the
+  cut keeps it (it removes tokens or applies a monotone map); tokens outside
+  the candidates always rank below every surviving candidate.
 
   Attributes:
-    ids: ``[K]`` int32 token ids.
+    ids: ``[K]`` int32 token ids (``V`` for an empty slot).
     logits: ``[K]`` float32, ``-inf`` for removed tokens.
-    total: ``[]`` log of the summed ``exp(logit)`` of every surviving token of
-      the row, candidate or not; NaN when unknown (after a stage that changed
-      tokens the candidates cannot see).
+    log_z: ``[]`` ``log Σ exp(logit)`` over every surviving token of the row as
+      this stage sees it, candidate or not; meaningful where ``log_z_known``.
+    log_z_known: ``[]`` bool: False before the row's statistics are computed,
+      and after a stage changed tokens outside the candidates.
     complete: ``[]`` bool, True when no token outside the candidates survives.
     exact: ``[]`` bool, False when a stage could not decide from candidates;
       the row then takes the full-vocabulary path.
@@ -74,36 +135,127 @@ class Candidates(NamedTuple):
 
   ids: jax.Array
   logits: jax.Array
-  total: jax.Array
+  log_z: jax.Array
+  log_z_known: jax.Array
   complete: jax.Array
   exact: jax.Array
 
-  def log_total(self) -> jax.Array:
-    """``log Σ exp(logit)`` over all survivors: from the candidates when complete."""
-    return jnp.where(self.complete, logsumexp(self.logits), self.total)
+  def log_normaliser(self) -> tuple[jax.Array, jax.Array]:
+    """``(log Σ exp over all survivors, whether it is known)``: from the candidates when complete."""
+    known = self.complete | self.log_z_known
+    return jnp.where(self.complete, logsumexp(self.logits), self.log_z), known
 
   def keep(self, keep: jax.Array) -> "Candidates":
     """Removes the candidates where ``keep`` is False."""
     return self._replace(logits=jnp.where(keep, self.logits, -jnp.inf))
 
 
+class OnCandidates(Protocol):
+  """A stage's action on one row's candidates."""
+
+  def __call__(self, c: Candidates, s: Settings, ctx: Context, /) -> Candidates: ...
+
+
+class OnRow(Protocol):
+  """A stage's action on one full row ``[V]``; it must not sort."""
+
+  def __call__(self, logits: jax.Array, s: Settings, ctx: Context, /) -> jax.Array: ...
+
+
 class Stage(NamedTuple):
   """One step of a sampling chain; see the module docstring.
 
   Attributes:
-    name: a short label (``"top_p"``), used by ``python -m jsample``.
+    name: a short label (``"top_p"``); stages with state need distinct names.
     settings: the :class:`Setting` s this stage reads.
     on_candidates: ``(Candidates, settings, Context) -> Candidates``.
     on_row: ``(logits [V], settings, Context) -> logits [V]``.
-    before_cut: True for stages that change logits of tokens in the window
-      only, and run on ``K + W`` candidates before the cut to ``K`` (penalties).
+    touches: ``(settings, Context) -> ids [E]``, the ids (``-1``: none) whose
+      logits the stage may change; such a stage acts before the cut, and
+      ``on_candidates`` sees those ids beside the best ``K``, not in order.
+    row_stat: ``(row [V], settings, Context) -> []``, a statistic of the
+      cleaned row as the cut gives it, passed to ``on_candidates`` as
+      ``Context.stat``.
+    init_state: ``() -> pytree``, one row's initial state.
+    update: ``(state, token, logprob, settings, Context) -> state``, after a
+      draw (``logprob`` of the token under the final distribution, NaN when
+      :meth:`Sampler.accept` appended it).
+    inputs: names of the per-call inputs the stage reads.
   """
 
   name: str
   settings: tuple[Setting, ...]
-  on_candidates: Callable[[Candidates, dict, Context], Candidates]
-  on_row: Callable[[jax.Array, dict, Context], jax.Array]
-  before_cut: bool = False
+  on_candidates: OnCandidates
+  on_row: OnRow
+  touches: Callable[[Settings, Context], jax.Array] | None = None
+  row_stat: Callable[[jax.Array, Settings, Context], jax.Array] | None = None
+  init_state: Callable[[], Any] | None = None
+  update: Callable[..., Any] | None = None
+  inputs: tuple[str, ...] = ()
+
+
+def elementwise(
+  name: str,
+  settings: tuple[Setting, ...],
+  rule: Callable[[jax.Array, jax.Array, jax.Array, Settings, Context], jax.Array],
+  *,
+  off: Callable[[Settings], jax.Array] | None = None,
+  settles: Callable[[Candidates, Candidates, Settings], jax.Array] | None = None,
+) -> Stage:
+  """A stage from one elementwise rule, applied alike to candidates and to a row.
+
+  Args:
+    name: the stage's name.
+    settings: its settings.
+    rule: ``(logits, ids, best, settings, ctx) -> logits``, elementwise over
+      ``logits`` and their token ``ids``; ``best`` is the row's highest logit.
+      It may remove tokens (``-inf``) and lower or raise logits, but must keep
+      the order of any two tokens it keeps (a monotone map, or removal), so
+      that tokens outside the candidates stay below them.
+    off: optional ``settings -> bool``, True where the rule is the identity
+      (the full path then skips its pass over the row).
+    settles: optional ``(before, after, settings) -> bool``: True where no
+      token outside the candidates survives the rule (min-p's threshold above
+      the last candidate, say).
+
+  Returns:
+    A :class:`Stage`. Where the rule changed something and the candidates are
+    not complete, the row's log-normaliser becomes unknown.
+
+  Examples:
+    >>> import jax.numpy as jnp, jsample
+    >>> floor = jsample.Setting("floor", -1.0, jnp.float32, jnp.isfinite, "finite", neutral=-jnp.inf)
+    >>> cut_below = jsample.elementwise(
+    ...   "floor", (floor,), lambda x, ids, best, s, ctx: jnp.where(x >= s["floor"], x, -jnp.inf))
+    >>> sampler = jsample.chain(cut_below, jsample.temperature(1.0))
+    >>> p = sampler.probs(jnp.array([0.0, -2.0, 1.0]), sampler.init(seed=0))
+    >>> [round(float(v), 3) for v in p]
+    [0.269, 0.0, 0.731]
+  """
+
+  def on_candidates(c: Candidates, s: Settings, ctx: Context) -> Candidates:
+    alive = c.logits > -jnp.inf
+    best = jnp.max(c.logits)
+    after = c.keep(alive)._replace(logits=jnp.where(alive, rule(c.logits, c.ids, best, s, ctx), -jnp.inf))
+    identity = jnp.bool_(False) if off is None else off(s)
+    settled = c.complete | (jnp.bool_(False) if settles is None else settles(c, after, s))
+    # A rule that emptied the candidates says nothing of the tokens beyond them.
+    emptied = ~jnp.any(after.logits > -jnp.inf) & jnp.any(alive) & ~settled
+    return after._replace(
+      logits=jnp.where(identity, c.logits, after.logits),
+      log_z_known=c.log_z_known & identity,
+      complete=jnp.where(identity, c.complete, settled),
+      exact=c.exact & (identity | ~emptied),
+    )
+
+  def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
+    def apply():
+      alive = logits > -jnp.inf
+      return jnp.where(alive, rule(logits, ctx.ids(logits.shape[0]), jnp.max(logits), s, ctx), -jnp.inf)
+
+    return apply() if off is None else lax.cond(off(s), lambda: logits, apply)
+
+  return Stage(name, settings, on_candidates, on_row)
 
 
 def logsumexp(logits: jax.Array) -> jax.Array:
@@ -122,3 +274,8 @@ def sort_candidates(ids: jax.Array, logits: jax.Array) -> tuple[jax.Array, jax.A
   """Sorts ``(ids, logits)`` into sampling order: logit descending, id ascending."""
   neg, ids = jax.lax.sort((-logits, ids), num_keys=2)
   return ids, -neg
+
+
+def always_valid(value: Any) -> Any:
+  """A :attr:`Setting.valid` for settings where every value means something."""
+  return jnp.ones(jnp.shape(value), bool)

@@ -6,11 +6,19 @@ the lower id) and always keeps at least one survivor.
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
-from jsample._src.search import shortest_prefix
-from jsample._src.stage import Candidates, Context, Setting, Stage, logsumexp, survivor_rank
+from jsample._src.stage import (
+  Candidates,
+  Context,
+  Setting,
+  Settings,
+  Stage,
+  always_valid,
+  elementwise,
+  logsumexp,
+  survivor_rank,
+)
 
 
 def top_k(k: int = 40) -> Stage:
@@ -34,13 +42,15 @@ def top_k(k: int = 40) -> Stage:
   References:
     Fan et al., 2018, "Hierarchical Neural Story Generation".
   """
-  setting = Setting("top_k", k, jnp.int32, lambda v: np.ones(np.shape(v), bool), "any integer (<= 0: off)")
+  setting = Setting(
+    "top_k", k, jnp.int32, always_valid, "any integer (<= 0: off)", 0, "keep only the k most likely tokens (<= 0: off)"
+  )
 
-  def limit(s: dict, ctx: Context) -> jax.Array:
+  def limit(s: Settings, ctx: Context) -> jax.Array:
     k = s["top_k"]
     return jnp.where((k <= 0) | (k >= ctx.vocab), ctx.vocab, k)
 
-  def on_candidates(c: Candidates, s: dict, ctx: Context) -> Candidates:
+  def on_candidates(c: Candidates, s: Settings, ctx: Context) -> Candidates:
     k = limit(s, ctx)
     (budget,) = c.ids.shape
     fits = k <= budget
@@ -50,11 +60,11 @@ def top_k(k: int = 40) -> Stage:
       exact=c.exact & (fits | c.complete | (k >= ctx.vocab)),
     )
 
-  def on_row(logits: jax.Array, s: dict, ctx: Context) -> jax.Array:
+  def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
     k = limit(s, ctx)
 
     def cut():
-      keep = shortest_prefix(logits, (logits > -jnp.inf).astype(jnp.int32), k)
+      keep = ctx.search(logits, (logits > -jnp.inf).astype(jnp.int32), k)
       return jnp.where(keep, logits, -jnp.inf)
 
     return lax.cond(k >= ctx.vocab, lambda: logits, cut)  # the search costs ~50 passes: skip it when off
@@ -86,12 +96,20 @@ def top_p(p: float = 0.95) -> Stage:
   References:
     Holtzman et al., 2020, "The Curious Case of Neural Text Degeneration".
   """
-  setting = Setting("top_p", p, jnp.float32, lambda v: (v > 0) & (v <= 1), "in (0, 1]")
+  setting = Setting(
+    "top_p",
+    p,
+    jnp.float32,
+    lambda v: (v > 0) & (v <= 1),
+    "in (0, 1]",
+    1.0,
+    "keep the most likely tokens whose probabilities add up to p (nucleus sampling)",
+  )
 
-  def on_candidates(c: Candidates, s: dict, ctx: Context) -> Candidates:
+  def on_candidates(c: Candidates, s: Settings, ctx: Context) -> Candidates:
     p = s["top_p"]
-    log_total = c.log_total()
-    probs = jnp.exp(c.logits - log_total)
+    log_z, known = c.log_normaliser()
+    probs = jnp.exp(c.logits - log_z)  # where unknown, the row is not exact anyway
     reached = (jnp.cumsum(probs) >= p) & (c.logits > -jnp.inf)
     crossing = jnp.argmax(reached)
     found = jnp.any(reached)
@@ -102,14 +120,14 @@ def top_p(p: float = 0.95) -> Stage:
     cut = c.keep(off | ~found | (index <= crossing))
     return cut._replace(
       complete=c.complete | (found & ~off),
-      exact=c.exact & (off | ~jnp.isnan(log_total)),
+      exact=c.exact & (off | known),
     )
 
-  def on_row(logits: jax.Array, s: dict, ctx: Context) -> jax.Array:
+  def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
     p = s["top_p"]
 
     def cut():
-      keep = shortest_prefix(logits, jnp.exp(logits - logsumexp(logits)), p)
+      keep = ctx.search(logits, jnp.exp(logits - logsumexp(logits)), p)
       return jnp.where(keep, logits, -jnp.inf)
 
     return lax.cond(p >= 1, lambda: logits, cut)
@@ -140,26 +158,23 @@ def min_p(p: float = 0.05) -> Stage:
     Nguyen et al., 2024, "Turning Up the Heat: Min-p Sampling for Creative and
     Coherent LLM Outputs".
   """
-  setting = Setting("min_p", p, jnp.float32, lambda v: (v >= 0) & (v <= 1), "in [0, 1]")
+  setting = Setting(
+    "min_p",
+    p,
+    jnp.float32,
+    lambda v: (v >= 0) & (v <= 1),
+    "in [0, 1]",
+    0.0,
+    "keep tokens at least min_p times as likely as the best one",
+  )
 
-  def threshold(logits: jax.Array, s: dict) -> jax.Array:
+  def rule(logits: jax.Array, ids: jax.Array, best: jax.Array, s: Settings, ctx: Context) -> jax.Array:
     p = jnp.minimum(s["min_p"], 1.0)  # above 1 not even the best would survive
-    return jnp.where(p > 0, jnp.max(logits) + jnp.log(jnp.maximum(p, 1e-38)), -jnp.inf)
+    return jnp.where(logits >= best + jnp.log(jnp.maximum(p, 1e-38)), logits, -jnp.inf)
 
-  def on_candidates(c: Candidates, s: dict, ctx: Context) -> Candidates:
-    floor = threshold(c.logits, s)
-    last = c.logits[-1]
-    # Tokens outside the candidates rank below the last one, so if it falls
-    # under the threshold (and is still a survivor), so do they.
-    settled = c.complete | ((last > -jnp.inf) & (last < floor))
-    removed = jnp.any((c.logits > -jnp.inf) & (c.logits < floor))
-    return c.keep(c.logits >= floor)._replace(
-      complete=settled,
-      total=jnp.where(removed & ~settled, jnp.nan, c.total),
-    )
+  def settles(before: Candidates, after: Candidates, s: Settings) -> jax.Array:
+    # Tokens outside the candidates rank below the last one: if the threshold
+    # removed it (a survivor before), it removed them too.
+    return (before.logits[-1] > -jnp.inf) & (after.logits[-1] == -jnp.inf)
 
-  def on_row(logits: jax.Array, s: dict, ctx: Context) -> jax.Array:
-    cut = lambda: jnp.where(logits >= threshold(logits, s), logits, -jnp.inf)  # noqa: E731
-    return lax.cond(s["min_p"] > 0, cut, lambda: logits)
-
-  return Stage("min_p", (setting,), on_candidates, on_row)
+  return elementwise("min_p", (setting,), rule, off=lambda s: ~(s["min_p"] > 0), settles=settles)

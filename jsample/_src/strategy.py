@@ -1,0 +1,110 @@
+"""Strategies: how the same algorithm runs on a CPU and on an accelerator.
+
+Both strategies compute the same tokens; they differ in how they skip work.
+
+- ``"cpu"``: XLA's CPU backend runs conditionals and loops for free, and a pass
+  over the row costs several reads when elementwise work is fused into it. So
+  it skips: the full-vocabulary path runs row by row (``lax.map``), only for
+  the rows that need it, the row statistics only when some row needs them,
+  and the cut cleans the row only when a cheap sum says it holds NaN.
+- ``"accelerator"``: on a GPU every ``lax.cond`` or loop predicate makes the
+  host wait for the device, and a per-row loop becomes thousands of round
+  trips, while a fused pass over ``[B, V]`` costs about one read. So it is
+  batched and branch-free: one ``lax.cond`` per call, around the rare work
+  (the row statistics and the full-vocabulary path), which then runs for the
+  whole batch at once; searches are unrolled.
+
+``"auto"`` picks the accelerator strategy on GPU and TPU backends at trace time.
+"""
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jsample._src import noise, search
+
+NAMES = ("auto", "cpu", "accelerator")
+
+
+class Strategy(NamedTuple):
+  """What differs between backends, behind one seam.
+
+  Attributes:
+    name: ``"cpu"`` or ``"accelerator"``.
+    branch_free: whether the cut and the statistics avoid ``lax.cond``.
+    decide: ``(ok [B], first, refine, slow, *rows) -> out``, per row: ``first``
+      where ``ok``; else the row of ``refine()`` (a batched ``(out, ok)``: the
+      candidate path again, with the row statistics) where that is ok; else
+      ``slow(*row)``, the full-vocabulary path. Pytrees batched over ``B``.
+    search: the row kernel :func:`search.shortest_prefix` to use.
+    race_row: ``(logits [V], bits [2]) -> (token, valid)`` over a whole row.
+  """
+
+  name: str
+  branch_free: bool
+  decide: Callable[..., Any]
+  search: Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+  race_row: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
+
+
+def _select(ok: jax.Array, fast, slow):
+  """Per row, ``fast`` where ``ok`` else ``slow``: pytrees batched over ``ok``'s axis."""
+
+  def pick(a, b):
+    return jnp.where(ok.reshape(ok.shape + (1,) * (a.ndim - 1)), a, b)
+
+  return jax.tree.map(pick, fast, slow)
+
+
+def _step_by_step(ok: jax.Array, first, refine, slow, *rows):
+  """Each rarer step only where needed: the statistics when some row needs
+  them, then the full path row by row (``lax.map``) for the rows that still
+  do, so that its ``O(V)`` temporaries exist for one row at a time. (Rows are
+  indexed inside the loop, not mapped over: mapping would copy the whole batch
+  of logits first.)"""
+  refined, better = lax.cond(jnp.all(ok), lambda: (first, ok), refine)
+  out, ok = _select(ok, first, refined), ok | better
+
+  def one(i):
+    pick = jax.tree.map(lambda a: a[i], out)
+    return lax.cond(ok[i], lambda: pick, lambda: slow(*jax.tree.map(lambda a: a[i], rows)))
+
+  if not ok.shape[0]:  # no rows: nothing to index
+    return out
+  # The loop carries the logits, which XLA copies in first: skip it when it has nothing to do.
+  return lax.cond(jnp.all(ok), lambda: out, lambda: lax.map(one, jnp.arange(ok.shape[0])))
+
+
+def _all_at_once(ok: jax.Array, first, refine, slow, *rows):
+  """The statistics and the full path for the whole batch at once, behind the call's one ``lax.cond``."""
+  if not ok.shape[0]:
+    return first
+
+  def rare():
+    refined, better = refine()
+    out = _select(ok, first, refined)
+    return _select(ok | better, out, jax.vmap(slow)(*rows))
+
+  return lax.cond(jnp.all(ok), lambda: first, rare)
+
+
+def _unrolled_search(logits: jax.Array, weight: jax.Array, target: jax.Array) -> jax.Array:
+  return search.shortest_prefix(logits, weight, target, unroll=True)
+
+
+def _race_all(logits: jax.Array, bits: jax.Array) -> tuple[jax.Array, jax.Array]:
+  return noise.race(logits, jnp.arange(logits.shape[0], dtype=jnp.int32), bits)
+
+
+CPU = Strategy("cpu", False, _step_by_step, search.shortest_prefix, noise.race_row)
+ACCELERATOR = Strategy("accelerator", True, _all_at_once, _unrolled_search, _race_all)
+
+
+def resolve(name: str) -> Strategy:
+  """The strategy called ``name``; ``"auto"`` looks at JAX's default backend (at trace time)."""
+  if name == "auto":
+    name = "cpu" if jax.default_backend() == "cpu" else "accelerator"
+  return {"cpu": CPU, "accelerator": ACCELERATOR}[name]

@@ -1,0 +1,107 @@
+"""Checks of concrete values: a ``ValueError`` that names the argument, its allowed range and what it got.
+
+Under ``jit`` values are traced and nothing here can see them; :mod:`checked`
+states the same conditions with ``checkify`` for a checked sampler, from the
+same :attr:`Setting.valid` predicates.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jsample._src import masks
+from jsample._src.stage import Setting
+
+
+def is_concrete(value) -> bool:
+  """Whether ``value`` can be read now (it is not traced under ``jit``)."""
+  return not isinstance(value, jax.core.Tracer)
+
+
+def setting(spec: Setting, value, sizes: dict[str, int]) -> None:
+  """Raises unless ``value`` is one the state can hold for ``spec``.
+
+  Args:
+    spec: the setting.
+    value: a scalar, one value per row, or (for vector settings) ``[N]`` / ``[B, N]``.
+    sizes: the sampler's static sizes, for :attr:`Setting.at_most`.
+  """
+  if not is_concrete(value):
+    return
+  v = np.asarray(value)
+  if v.dtype == np.bool_ and spec.dtype == jnp.bool_:
+    return
+  if not np.issubdtype(v.dtype, np.number):
+    raise ValueError(f"{spec.name}: must be a number or an array of numbers; got {v.dtype}")
+  if np.issubdtype(v.dtype, np.floating) and not np.all(np.isfinite(v)):
+    raise ValueError(f"{spec.name}: must be finite; got {value!r}")
+  if spec.dtype == jnp.int32 and not np.all(np.mod(v, 1) == 0):
+    raise ValueError(f"{spec.name}: must be an integer; got {value!r}")
+  # The state holds the value in the setting's dtype: check what it will hold
+  # (1e39 overflows float32, 1e-50 rounds to 0, 2**40 wraps in int32).
+  info = np.iinfo(np.int32) if spec.dtype == jnp.int32 else np.finfo(np.float32)
+  if np.any(v < info.min) or np.any(v > info.max):
+    raise ValueError(f"{spec.name}: must fit in {np.dtype(spec.dtype).name}; got {value!r}")
+  stored = v.astype(spec.dtype)
+  if not np.all(np.asarray(spec.valid(stored), bool)):
+    held = ""
+    if np.all(np.asarray(spec.valid(v), bool)):
+      held = f", which {np.dtype(spec.dtype).name} holds as {stored.tolist()}"
+    raise ValueError(f"{spec.name}: must be {spec.allowed}; got {value!r}{held}")
+  if spec.at_most is not None and np.any(v > sizes[spec.at_most]):
+    raise ValueError(
+      f"{spec.name}: must be <= {spec.at_most}={sizes[spec.at_most]}; got {value!r}. "
+      f"Build the sampler with a larger {spec.at_most}."
+    )
+
+
+def rows_of(spec: Setting, value) -> tuple[int, ...]:
+  """The batch shape a setting's value implies: ``()`` or ``(B,)``."""
+  shape = np.shape(value)
+  extra = len(shape) - len(spec.shape)
+  if extra not in (0, 1) or shape[extra:] != spec.shape:
+    want = "a scalar or one value per row [B]" if not spec.shape else f"{list(spec.shape)} or [B, {spec.shape[0]}]"
+    raise ValueError(f"{spec.name}: must be {want}; got shape {shape}")
+  return shape[:extra]
+
+
+def tokens(name: str, ids, vocab_size: int | None, lowest: int) -> None:
+  """Concrete token ids must lie in ``[lowest, vocab_size)``."""
+  if not is_concrete(ids):
+    return
+  ids = np.asarray(ids)
+  if np.any(ids < lowest):
+    raise ValueError(f"{name}: token ids must be >= 0" + (" (or -1 for padding)" if lowest < 0 else ""))
+  if vocab_size is not None and np.any(ids >= vocab_size):
+    raise ValueError(f"{name}: token ids must be in [0, {vocab_size}) (the vocabulary)")
+
+
+def logits(x: jax.Array, vocab_size: int | None) -> None:
+  """The logits' dtype, rank and width."""
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    raise ValueError(f"logits: must be float32, bfloat16 or float16; got {x.dtype}")
+  if x.ndim not in (1, 2):
+    raise ValueError(f"logits: must be [V] or [B, V]; got shape {x.shape}")
+  if x.shape[-1] < 1:
+    raise ValueError("logits: the vocabulary must hold at least one token")
+  if vocab_size is not None and x.shape[-1] != vocab_size:
+    raise ValueError(f"logits: width {x.shape[-1]} differs from the sampler's vocab_size={vocab_size}")
+
+
+def inputs(given: dict, declared: dict[str, str], shape: tuple[int, ...]) -> None:
+  """Per-call inputs: each declared by some stage, batched like the logits ``shape``.
+
+  Args:
+    given: name -> array, ``mask`` included.
+    declared: name -> the stage that reads it.
+    shape: the logits' shape.
+  """
+  for name, value in given.items():
+    if name == "mask":
+      masks.check(value, shape)
+      continue
+    if name not in declared:
+      known = sorted({"mask", *declared})
+      raise ValueError(f"{name}: not an input of this sampler's stages; its inputs are {known}")
+    if np.shape(value)[: len(shape) - 1] != shape[:-1]:
+      raise ValueError(f"{name}: must have the batch shape {shape[:-1]} of the logits; got {np.shape(value)}")

@@ -1,0 +1,318 @@
+"""A conformance suite for stages: what every stage, built in or yours, must do.
+
+:func:`assert_stage_conforms` runs a stage through everything the sampler
+promises, against a float64 reference function of your own:
+
+- ``vmap`` over rows (each with its own state) equals a loop over them;
+- the state keeps its shapes and dtypes through ``lax.scan`` and ``lax.cond``;
+- new setting values never recompile;
+- neutral settings are the identity;
+- float32, bfloat16 and float16 rows all agree with the reference;
+- the candidate path and the full-vocabulary path give the same distribution
+  and the same token, on both strategies (``"cpu"`` and ``"accelerator"``);
+- the distribution agrees with the reference, and seeded draws follow it
+  (chi-square).
+
+It needs jax and numpy only, so a stage written outside the library can be
+checked in its own test suite. :func:`full_path_probs`, :func:`full_path_tokens` and
+:func:`decided_on_candidates` expose the two paths for tests of your own.
+"""
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jsample._src import draw, paths
+from jsample._src.sampler import Sampler, chain
+from jsample._src.stage import Stage
+from jsample._src.temperature import temperature
+
+Reference = Callable[[np.ndarray, dict[str, Any], list[int]], np.ndarray]
+"""``(row [V] float64, one row's settings, window oldest first) -> final logits [V] float64``."""
+
+STRATEGIES = ("cpu", "accelerator")
+
+
+def full_path_probs(sampler: Sampler, logits, state, mask=None, **inputs) -> jax.Array:
+  """The distribution of the full-vocabulary path alone, ``[B, V]``, whatever the candidates decide."""
+  (raw, mask), rows, single, plan = sampler._prepare(logits, state, dict(inputs, mask=mask))
+
+  def one(raw, mask, row):
+    return draw.softmax(paths.full_row(sampler.stages, raw, mask, row, plan))
+
+  out = jax.vmap(one)(raw, mask, rows)
+  return out[0] if single else out
+
+
+def full_path_tokens(sampler: Sampler, logits, state, mask=None, **inputs) -> jax.Array:
+  """The tokens the full-vocabulary path alone draws, ``[B]``, with the rows' own streams."""
+  (raw, mask), rows, single, plan = sampler._prepare(logits, state, dict(inputs, mask=mask))
+
+  def one(raw, mask, row):
+    final = paths.full_row(sampler.stages, raw, mask, row, plan)
+    return draw.on_row(final, row.bits, plan.race_row, logprob=False).token
+
+  out = jax.vmap(one)(raw, mask, rows)
+  return out[0] if single else out
+
+
+def candidate_path(sampler: Sampler, logits, state, mask=None, *, statistics: bool = True, **inputs):
+  """The candidate path alone: ``(Draw [B], decided [B])``.
+
+  With ``statistics=False`` it stops before the row statistics, as a call does
+  when the candidates decide every row without them.
+  """
+  (raw, mask), rows, single, plan = sampler._prepare(logits, state, dict(inputs, mask=mask))
+  (cands, ok), refine = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, plan)
+  if statistics:
+    refined, better = refine()
+    cands = jax.tree.map(lambda a, b: jnp.where(ok.reshape(ok.shape + (1,) * (a.ndim - 1)), a, b), cands, refined)
+    ok = ok | better
+  drawn = jax.vmap(draw.on_candidates)(cands.logits, cands.ids, rows.bits)
+  return jax.tree.map(lambda a: a[0], (drawn, ok)) if single else (drawn, ok)
+
+
+def decided_on_candidates(sampler: Sampler, logits, state, mask=None, **inputs) -> jax.Array:
+  """``[B]`` bool: which rows the candidate path decides (the others take the full path)."""
+  (raw, mask), rows, single, plan = sampler._prepare(logits, state, dict(inputs, mask=mask))
+  (_, ok), refine = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, plan)
+  ok = ok | refine()[1]
+  return ok[0] if single else ok
+
+
+def reference_probs(reference: Reference, x: np.ndarray, settings: dict, window: list[int]) -> np.ndarray:
+  """The reference's distribution over one row: softmax of its final logits, in float64."""
+  x = np.where(np.isnan(x), -np.inf, np.asarray(x, np.float64))
+  y = np.asarray(reference(x, settings, window), np.float64)
+  out = np.zeros(y.shape)
+  alive = y > -np.inf
+  if alive.any():
+    e = np.exp(y[alive] - y[alive].max())
+    out[alive] = e / e.sum()
+  return out
+
+
+def chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
+  """The p-value of a chi-square goodness-of-fit test (Wilson-Hilferty; no SciPy needed).
+
+  Cells with an expected count below 5 are pooled into one.
+  """
+  n = counts.sum()
+  expected = probs * n
+  big = expected >= 5
+  observed = np.append(counts[big], counts[~big].sum())
+  expected = np.append(expected[big], expected[~big].sum())
+  keep = expected > 0
+  if np.any(observed[~keep] > 0):
+    return 0.0  # a draw the reference gives no mass
+  observed, expected = observed[keep], expected[keep]
+  k = observed.size - 1
+  if k < 1:
+    return 1.0
+  stat = float(np.sum((observed - expected) ** 2 / expected))
+  z = ((stat / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
+  return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def _rows(rng: np.random.Generator, vocab: int, count: int) -> np.ndarray:
+  kinds = []
+  for i in range(count):
+    kind = i % 4
+    if kind == 0:
+      x = rng.normal(0, rng.uniform(0.5, 3), vocab)
+    elif kind == 1:  # Zipf-like, as language models give
+      x = -rng.uniform(0.8, 1.5) * np.log1p(rng.permutation(vocab)) + rng.normal(0, 0.1, vocab)
+    elif kind == 2:  # exact ties
+      x = rng.integers(-3, 3, vocab).astype(np.float64)
+    else:  # holes: -inf and NaN
+      x = rng.normal(0, 2, vocab)
+      x[rng.random(vocab) < 0.2] = -np.inf
+      x[rng.random(vocab) < 0.05] = np.nan
+    kinds.append(x)
+  return np.stack(kinds).astype(np.float32)
+
+
+def _prompts(rng: np.random.Generator, xs: np.ndarray, window: int) -> list[list[int]]:
+  """Recent tokens, biased towards each row's best tokens so that window stages bite."""
+  out = []
+  for x in xs:
+    best = np.argsort(-np.nan_to_num(x, nan=-np.inf), kind="stable")[: max(4, window // 2)]
+    pool = np.concatenate([best, rng.integers(0, x.size, 4)])
+    out.append([int(t) for t in rng.choice(pool, int(rng.integers(0, 2 * window)))])
+  return out
+
+
+def _per_row(settings: Sequence[dict], count: int) -> dict[str, np.ndarray]:
+  rows = [dict(settings[i % len(settings)]) for i in range(count)]
+  names = sorted({name for row in rows for name in row})
+  return {name: np.array([row[name] for row in rows]) for name in names}
+
+
+def _row_settings(sampler: Sampler, per_row: dict, i: int) -> dict:
+  values = {name: s.default for name, s in sampler.settings.items()}
+  values.update({name: v[i] for name, v in per_row.items()})
+  return values
+
+
+def assert_stage_conforms(
+  stage: Stage,
+  reference: Reference,
+  settings: Sequence[dict],
+  *,
+  vocab: int = 300,
+  rows: int = 8,
+  window_size: int = 8,
+  draws: int = 4000,
+  atol: float = 2e-5,
+  seed: int = 0,
+) -> None:
+  """Checks one stage against its float64 reference; raises ``AssertionError`` on the first failure.
+
+  The stage runs in the chain ``(stage, temperature(1))`` (or alone if it owns
+  ``temperature``), so the draw is the softmax of what it leaves.
+
+  Args:
+    stage: the stage under test.
+    reference: ``(row [V] float64 with NaN as -inf, one row's settings (every
+      setting of the chain, by name), window oldest first) -> final logits``.
+    settings: per-row settings to try (each a dict of some of the stage's
+      settings; rows cycle through them). Include neutral and extreme values.
+    vocab: ``V`` of the test rows.
+    rows: ``B``.
+    window_size: ``W``.
+    draws: seeded draws for the chi-square test (0 skips it).
+    atol: tolerance on probabilities against the reference.
+    seed: the NumPy seed of the rows and prompts.
+
+  Examples:
+    >>> import numpy as np, jsample, jsample.testing
+    >>> def reference(x, s, window):
+    ...   order = np.lexsort((np.arange(x.size), -x))
+    ...   k = s["top_k"] if 0 < s["top_k"] < x.size else x.size
+    ...   y = np.full(x.shape, -np.inf)
+    ...   y[order[:k]] = x[order[:k]]
+    ...   return y
+    >>> jsample.testing.assert_stage_conforms(jsample.top_k(), reference, [dict(top_k=3), dict(top_k=0)], draws=0)
+  """
+  own = {s.name for s in stage.settings}
+  stages = (stage,) if "temperature" in own else (stage, temperature(1.0))
+  rng = np.random.default_rng(seed)
+  xs = _rows(rng, vocab, rows)
+  prompts = _prompts(rng, xs, window_size)
+  per_row = _per_row(settings, rows)
+  windows = [p[-window_size:] for p in prompts]
+
+  def build(budget: int, strategy: str) -> Sampler:
+    return chain(*stages, window_size=window_size, budget=budget, strategy=strategy)
+
+  def fresh(sampler: Sampler, values=None):
+    return sampler.init(seed=np.arange(rows) + 11, prompt=prompts, **(per_row if values is None else values))
+
+  base = build(16, "cpu")
+  expected = np.stack(
+    [reference_probs(reference, xs[i], _row_settings(base, per_row, i), windows[i]) for i in range(rows)]
+  )
+
+  # -- against the reference, on both paths and both strategies ------------------
+  picked = {}
+  for strategy in STRATEGIES:
+    for budget in (4, vocab):  # mostly the full path, then always the candidates
+      sampler = build(budget, strategy)
+
+      def every(x, state, sampler=sampler):
+        return sampler.probs(x, state), full_path_probs(sampler, x, state), sampler.pick(x, state)
+
+      probs, full, picked[strategy, budget] = jax.jit(every)(jnp.asarray(xs), fresh(sampler))
+      _close(
+        np.asarray(probs), expected, atol, f"{stage.name}: probs ({strategy}, budget {budget}) against the reference"
+      )
+      _close(np.asarray(full), expected, atol, f"{stage.name}: the full path ({strategy}) against the reference")
+  tokens = {key: np.asarray(value[0]) for key, value in picked.items()}
+  for key, value in tokens.items():
+    _equal(value, tokens["cpu", 4], f"{stage.name}: tokens of the two paths and strategies, {key} against ('cpu', 4)")
+
+  # -- vmap and a loop over rows equal the batched call ------------------------------
+  sampler = build(16, "cpu")
+  state = fresh(sampler)
+  jitted, after = jax.jit(sampler.pick)(jnp.asarray(xs), state)
+  _equal(np.asarray(jitted), tokens["cpu", 4], f"{stage.name}: budgets 16 and 4")
+  mapped, _ = jax.jit(jax.vmap(sampler.pick))(jnp.asarray(xs), state)
+  _equal(np.asarray(mapped), np.asarray(jitted), f"{stage.name}: vmap over rows and the batched call")
+  single = jax.jit(sampler.pick)
+  looped = [int(single(jnp.asarray(xs[i]), jax.tree.map(lambda a, i=i: a[i], state))[0]) for i in range(rows)]
+  _equal(np.asarray(looped), np.asarray(jitted), f"{stage.name}: a loop over rows and the batched call")
+
+  # -- the state through scan and cond; no recompile on new values -----------------
+  shapes = jax.tree.map(lambda a: (a.shape, a.dtype), state)
+  if jax.tree.map(lambda a: (a.shape, a.dtype), after) != shapes:
+    raise AssertionError(f"{stage.name}: pick changed the state's shapes or dtypes")
+
+  def steps(x, state):
+    def body(state, _):
+      token, state = sampler.pick(x, state)
+      return state, token
+
+    state, tokens = jax.lax.scan(body, state, None, length=3)
+    return jax.lax.cond(tokens[0, 0] >= 0, lambda s: sampler.pick(x, s)[1], lambda s: s, state)
+
+  scanned = jax.jit(steps)(jnp.asarray(xs), state)
+  if jax.tree.map(lambda a: (a.shape, a.dtype), scanned) != shapes:
+    raise AssertionError(f"{stage.name}: the state changed shapes or dtypes through scan and cond")
+  traces = []
+
+  def counted(x, state):
+    traces.append(1)  # runs once per trace, i.e. per compilation
+    return sampler.pick(x, state)
+
+  step = jax.jit(counted)
+  for values in settings:
+    step(jnp.asarray(xs), sampler.configure(state, **{k: np.broadcast_to(v, (rows,)) for k, v in values.items()}))
+  if len(traces) != 1:
+    raise AssertionError(f"{stage.name}: new setting values recompiled ({len(traces)} traces)")
+
+  # -- neutral settings are the identity --------------------------------------------
+  neutral = {s.name: s.neutral for s in stage.settings if s.neutral is not None}
+  if neutral and len(neutral) == len(stage.settings):
+    alone = chain(temperature(1.0), window_size=window_size)
+    plain = np.asarray(jax.jit(alone.probs)(jnp.asarray(xs), alone.init(seed=np.arange(rows))))
+    off = np.asarray(jax.jit(sampler.probs)(jnp.asarray(xs), fresh(sampler, neutral)))
+    _close(off, plain, 1e-6, f"{stage.name}: neutral settings {neutral} are not the identity")
+
+  # -- half-precision rows ------------------------------------------------------------
+  for dtype in (jnp.bfloat16, jnp.float16):
+    half = xs.astype(dtype)
+    want = np.stack(
+      [
+        reference_probs(reference, half[i].astype(np.float32), _row_settings(base, per_row, i), windows[i])
+        for i in range(rows)
+      ]
+    )
+    got = np.asarray(jax.jit(sampler.probs)(jnp.asarray(half), state), np.float64)
+    _close(got, want, atol, f"{stage.name}: {np.dtype(dtype).name} rows against the reference")
+
+  # -- seeded draws follow the distribution ------------------------------------------
+  if draws:
+    row = int(np.argmax([np.sum(p > 1e-3) for p in expected]))  # the widest distribution
+    x = jnp.asarray(xs[row])
+    one = jax.tree.map(lambda a: a[row], state)
+    keys = jax.vmap(jax.random.key)(jnp.arange(draws, dtype=jnp.uint32) + 1000)
+    picked = jax.jit(jax.vmap(lambda k: sampler.pick(x, one._replace(key=k))[0]))(keys)
+    counts = np.bincount(np.asarray(picked), minlength=vocab)
+    p = chi_square_p(counts, expected[row])
+    if p < 1e-4:
+      raise AssertionError(f"{stage.name}: draws do not follow the distribution (chi-square p = {p:.2e})")
+
+
+def _close(got: np.ndarray, want: np.ndarray, atol: float, what: str) -> None:
+  if got.shape != want.shape or not np.allclose(got, want, atol=atol, rtol=0):
+    worst = np.unravel_index(np.argmax(np.abs(got - want)), want.shape) if got.shape == want.shape else None
+    raise AssertionError(f"{what}: largest difference at {worst}")
+
+
+def _equal(got: np.ndarray, want: np.ndarray, what: str) -> None:
+  if not np.array_equal(got, want):
+    raise AssertionError(f"{what}: differ in rows {np.nonzero(got != want)[0].tolist()}")

@@ -1,0 +1,116 @@
+"""The accelerator strategy's program keeps its shape: batched, branch-free, one read of the logits or so.
+
+Measured on a CPU, so that the property cannot erode when no accelerator is at
+hand: for the workloads of issue 10 at B = 64, V = 262144, the jaxpr of
+``pick`` holds no ``while`` or ``scan`` and at most one ``cond`` (around the
+rare full-vocabulary path), and XLA's count of bytes accessed stays within a
+stated multiple of the logits' bytes.
+"""
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jsample
+import jsample.testing
+
+B, V = 64, 262144
+
+WORKLOADS = {
+  "a default chain, repeat 1.1": (jsample.gemma, dict(repeat_penalty=1.1)),
+  "b llama.cpp order, top-k off": (jsample.llama_cpp, dict(top_k=0, top_p=0.95, min_p=0.05)),
+  "d greedy": (jsample.gemma, dict(temperature=0.0)),
+  "g pure sampling": (jsample.gemma, dict(top_k=0, top_p=1.0, min_p=0.0, temperature=1.0)),
+}
+
+
+def primitives(jaxpr) -> list[str]:
+  """Every primitive's name in a jaxpr, sub-jaxprs (branches, bodies) included."""
+  names = []
+  for eqn in jaxpr.eqns:
+    names.append(eqn.primitive.name)
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, list | tuple) else [value]:
+        if isinstance(sub, jax.extend.core.ClosedJaxpr):
+          names += primitives(sub.jaxpr)
+        elif isinstance(sub, jax.extend.core.Jaxpr):
+          names += primitives(sub)
+  return names
+
+
+def top_level(jaxpr) -> list[str]:
+  return [eqn.primitive.name for eqn in jaxpr.eqns]
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_the_accelerator_program_has_no_loops_and_one_cond(name):
+  recipe, settings = WORKLOADS[name]
+  sampler = recipe(strategy="accelerator")
+  logits = jax.ShapeDtypeStruct((B, V), jnp.float32)
+  state = sampler.init(seed=np.arange(B), prompt=np.zeros((B, 8), np.int32), **settings)
+  jaxpr = jax.make_jaxpr(sampler.pick)(logits, state).jaxpr
+  every = primitives(jaxpr)
+  assert "while" not in every and "scan" not in every
+  assert every.count("cond") <= 1 and top_level(jaxpr).count("cond") == every.count("cond")
+
+
+def test_the_cpu_program_keeps_its_loops():
+  """The CPU strategy is the other side of the seam: it skips work with loops and conditionals."""
+  sampler = jsample.gemma(strategy="cpu")
+  logits = jax.ShapeDtypeStruct((B, V), jnp.float32)
+  state = sampler.init(seed=np.arange(B), repeat_penalty=1.1)
+  every = primitives(jax.make_jaxpr(sampler.pick)(logits, state).jaxpr)
+  assert "scan" in every and every.count("cond") > 1  # lax.map and fori_loop are scans
+
+
+def bytes_read(fn, *args) -> float:
+  """XLA's bytes accessed by the compiled ``fn``, over the logits' bytes."""
+  cost = jax.jit(fn).lower(*args).compile().cost_analysis()
+  cost = cost[0] if isinstance(cost, list) else cost
+  return cost["bytes accessed"] / (B * V * 4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["a default chain, repeat 1.1", "d greedy"])
+def test_the_accelerator_candidate_path_reads_the_logits_a_few_times(name):
+  recipe, settings = WORKLOADS[name]
+  sampler = recipe(strategy="accelerator")
+  logits = jax.ShapeDtypeStruct((B, V), jnp.float32)
+  state = sampler.init(seed=np.arange(B), **settings)
+  # What a call costs when the candidates decide every row (XLA counts both
+  # branches of the cond, so the whole program's figure includes the full path).
+  read = bytes_read(lambda x, s: jsample.testing.candidate_path(sampler, x, s, statistics=False), logits, state)
+  # 5.3x when written (XLA's CPU cost model counts each fusion's operands: the
+  # cleaned chunk maxima, the gathered chunks, the window's ids); a pass more
+  # over the row fails it.
+  assert read < 6, f"{read:.1f}x the logits' bytes"
+
+
+def test_vmap_of_pick_runs_the_batched_program():
+  """``jax.vmap(sampler.pick)`` gets pick's own batching rule: the batched call, not a map of the one-row one."""
+  sampler = jsample.gemma(strategy="accelerator", repeat_penalty=1.1)
+  logits = jax.ShapeDtypeStruct((B, V), jnp.float32)
+  state = sampler.init(seed=np.arange(B), prompt=np.zeros((B, 8), np.int32))
+  every = primitives(jax.make_jaxpr(jax.vmap(sampler.pick))(logits, state).jaxpr)
+  assert "while" not in every and "scan" not in every and every.count("cond") == 1
+
+
+def test_vmap_of_pick_gives_the_batched_tokens_with_shared_and_per_row_arguments():
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(0, 2, (6, 3000)), jnp.float32)
+  allowed = jnp.asarray(rng.random((6, 3000)) < 0.5)
+  for strategy in ("cpu", "accelerator"):
+    sampler = jsample.llama_cpp(strategy=strategy, top_k=0, top_p=[0.9, 1.0, 0.5, 0.99, 0.95, 0.7])
+    state = sampler.init(seed=np.arange(6), prompt=rng.integers(0, 3000, (6, 5)))
+    batched = jax.jit(sampler.pick)(x, state, allowed)
+    mapped = jax.jit(jax.vmap(sampler.pick))(x, state, allowed)
+    np.testing.assert_array_equal(mapped[0], batched[0])
+    np.testing.assert_array_equal(mapped[1].window, batched[1].window)
+    shared = jax.jit(jax.vmap(sampler.pick, in_axes=(None, 0, None)))(x[0], state, allowed[0])  # one row for all
+    np.testing.assert_array_equal(
+      shared[0], jax.jit(sampler.pick)(jnp.tile(x[:1], (6, 1)), state, jnp.tile(allowed[:1], (6, 1)))[0]
+    )
+    probs = jax.jit(jax.vmap(sampler.probs))(x, state, allowed)
+    np.testing.assert_allclose(probs, jax.jit(sampler.probs)(x, state, allowed), atol=1e-7)
