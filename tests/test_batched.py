@@ -6,6 +6,8 @@ kind in ``tests/rows.py``, at widths 1, 7, 1000 and 4099 (4099 > 128 groups of
 and 5 rows; and its program is checked for branches and loops.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,6 +30,8 @@ plain_race = jax.jit(batched.race_plain)
 batched_greedy = jax.jit(batched.greedy)
 batched_normalisers = jax.jit(batched.log_normalisers)
 cut_normalisers = jax.jit(cut.log_normalisers)
+branch_free_normalisers = jax.jit(functools.partial(cut.log_normalisers, branch_free=True))
+unrolled_prefix = jax.jit(jax.vmap(functools.partial(search.shortest_prefix, unroll=True)))
 per_row_normalisers = jax.jit(jax.vmap(lambda raw, mask: logsumexp(cut.full_row(raw, mask))))
 per_row_normalisers_unmasked = jax.jit(jax.vmap(lambda raw: logsumexp(cut.full_row(raw, None))))
 masses_from = jax.jit(lambda key, bound, w: jnp.sum(jnp.where(key >= bound[:, None], w, 0.0), axis=-1))
@@ -109,9 +113,9 @@ def test_shortest_prefix_does_not_depend_on_the_bits_per_pass(bits):
   logits = cleaned(batch_of(rng, 6, 1000))
   weight = masses(logits)
   target = jnp.asarray(rng.uniform(0, 1, 6), jnp.float32)
-  np.testing.assert_array_equal(
-    batched_prefix(logits, weight, target, bits=bits), per_row_prefix(logits, weight, target)
-  )
+  want = per_row_prefix(logits, weight, target)
+  np.testing.assert_array_equal(batched_prefix(logits, weight, target, bits=bits), want)
+  np.testing.assert_array_equal(unrolled_prefix(logits, weight, target), want)  # the bit search unrolled
 
 
 def test_shortest_prefix_breaks_ties_by_id():
@@ -231,9 +235,10 @@ def test_log_normalisers_match_the_per_row_ones(vocab, batch):
           where = f"{kind} {jnp.dtype(dtype).name} {None if mask is None else mask.dtype} hostile={hostile_rows}"
           top = jnp.max(batched.clean(raw, mask), axis=-1)
           got = batched_normalisers(raw, mask, top)
-          # The per-row definition, batched by vmap: the same sums, bit for bit.
+          # The per-row definition, batched by vmap (cut's branch-free way): the same sums, bit for bit.
           want = per_row_normalisers_unmasked(raw) if mask is None else per_row_normalisers(raw, mask)
           np.testing.assert_array_equal(got, want, err_msg=where)
+          np.testing.assert_array_equal(got, branch_free_normalisers(raw, mask, top), err_msg=where)
           np.testing.assert_array_equal(batched_normalisers(raw, mask), got, err_msg=where)
           # cut.log_normalisers sums row by row under lax.map when a row is
           # dirty or masked, and XLA:CPU orders a [V] sum differently from a

@@ -232,9 +232,10 @@ def log_normalisers(raw: jax.Array, mask: jax.Array | None, top: jax.Array | Non
   """``log Σ exp`` of each cleaned row, as ``cut.log_normalisers``, in one pass with the cleaning fused.
 
   Bit for bit what ``jax.vmap`` of the per-row ``logsumexp(cut.full_row(...))``
-  gives. ``cut.log_normalisers`` takes that per-row way under ``lax.map`` when a
-  row is dirty or masked, where XLA:CPU may round the sum differently: there the
-  two agree within rounding.
+  gives, as ``cut.log_normalisers(..., branch_free=True)`` does. Without
+  ``branch_free`` it takes that per-row way under ``lax.map`` when a row is dirty
+  or masked, where XLA:CPU may round the sum differently: there the two agree
+  within rounding.
 
   Args:
     raw: ``[B, V]`` logits, any float dtype.
