@@ -81,19 +81,28 @@ def candidates(stages: tuple[Stage, ...], budget: int, raw: jax.Array, mask, row
     return c, c.exact & c.complete
 
   def refine():
-    log_z, stat = statistics(stages, raw, mask, top, rows, strategy)
-    return run(log_z, jnp.ones(top.shape, bool), stat)
+    log_z = cut.log_normalisers(raw, mask, top, branch_free=strategy.branch_free)
+    known = jnp.ones(top.shape, bool)
+    c, ok = run(log_z, known, None)
+    if stat_stage(stages) is None:
+      return c, ok
+
+    def with_stat():  # a second pass over V: only where the log-normaliser did not settle a row
+      later, better = run(log_z, known, row_statistic(stages, raw, mask, rows, strategy))
+      return jax.tree.map(
+        lambda a, b: jnp.where(ok.reshape(ok.shape + (1,) * (a.ndim - 1)), a, b), c, later
+      ), ok | better
+
+    return with_stat() if strategy.branch_free else jax.lax.cond(jnp.all(ok), lambda: (c, ok), with_stat)
 
   unknown = jnp.zeros(top.shape, jnp.float32)
-  return run(unknown, unknown > 0, unknown), refine
+  return run(unknown, unknown > 0, None), refine
 
 
-def statistics(stages, raw, mask, top, rows: Rows, strategy: Strategy) -> tuple[jax.Array, jax.Array]:
-  """The cleaned rows' log-normalisers ``[B]`` and the declared row statistic ``[B]`` (0 if none)."""
-  log_z = cut.log_normalisers(raw, mask, top, branch_free=strategy.branch_free)
+def row_statistic(stages, raw, mask, rows: Rows, strategy: Strategy) -> jax.Array:
+  """The row statistic ``[B]`` of the first stage that declares one, over the cleaned rows."""
   index = stat_stage(stages)
-  if index is None:
-    return log_z, jnp.zeros(top.shape, jnp.float32)
+  assert index is not None
   stage = stages[index]
   vocab = raw.shape[-1]
 
@@ -101,7 +110,7 @@ def statistics(stages, raw, mask, top, rows: Rows, strategy: Strategy) -> tuple[
     x = cut.full_row(r, m, branch_free=strategy.branch_free)
     return stage.row_stat(x, row.settings, context(stage, row, vocab, strategy))
 
-  return log_z, jax.vmap(one)(raw, mask, rows).astype(jnp.float32)
+  return jax.vmap(one)(raw, mask, rows).astype(jnp.float32)
 
 
 def _touched(touchers, rows: Rows, vocab: int, strategy: Strategy) -> jax.Array:
