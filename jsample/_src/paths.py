@@ -108,9 +108,13 @@ def row_statistic(stages, raw, mask, rows: Rows, strategy: Strategy) -> jax.Arra
 
   def one(r, m, row):
     x = cut.full_row(r, m, branch_free=strategy.branch_free)
-    return stage.row_stat(x, row.settings, context(stage, row, vocab, strategy))
+    return jnp.asarray(stage.row_stat(x, row.settings, context(stage, row, vocab, strategy)), jnp.float32)
 
-  return jax.vmap(one)(raw, mask, rows).astype(jnp.float32)
+  if strategy.branch_free or not raw.shape[0]:
+    return jax.vmap(one)(raw, mask, rows)
+  # Row by row on a CPU, so that a statistic a row does not need (its own
+  # lax.cond says so) costs it nothing; rows are indexed, not mapped over.
+  return jax.lax.map(lambda i: one(*jax.tree.map(lambda a: a[i], (raw, mask, rows))), jnp.arange(raw.shape[0]))
 
 
 def _touched(touchers, rows: Rows, vocab: int, strategy: Strategy) -> jax.Array:

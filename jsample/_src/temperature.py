@@ -48,7 +48,9 @@ def temperature(t: float = 0.8) -> Stage:
   )
 
   def row_stat(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
-    return logsumexp(_scale(logits, jnp.max(logits), s["temperature"]))
+    t = s["temperature"]
+    # Only 0 < t != 1 needs it (t == 1 shifts a known normaliser; greedy completes): skip the pass otherwise.
+    return lax.cond((t > 0) & (t != 1), lambda: logsumexp(_scale(logits, jnp.max(logits), t)), lambda: jnp.float32(0))
 
   def on_candidates(c: Candidates, s: Settings, ctx: Context) -> Candidates:
     t = s["temperature"]
