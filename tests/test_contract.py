@@ -123,3 +123,21 @@ def test_raising_penalties_are_decided_on_candidates():
   np.testing.assert_array_equal(
     jax.jit(sampler.pick)(x, state)[0], jax.jit(lambda x, s: jsample.testing.full_path_tokens(sampler, x, s))(x, state)
   )
+
+
+@pytest.mark.parametrize(
+  "weights", [dict(repeat_penalty=1.5, presence_penalty=0.5), dict(repeat_penalty=0.6, frequency_penalty=-0.4)]
+)
+def test_a_window_longer_than_the_budget_keeps_the_cut_exact(weights):
+  """More touched ids than candidates (W > K): the cut takes the K best of each part, then the K best of those."""
+  rng = np.random.default_rng(5)
+  x = rng.normal(0, 2, (8, 300)).astype(np.float32)
+  x[:, :40] = np.round(x[:, :40])  # ties among the window's tokens
+  # Mostly tokens ranked 10-200, so at most m of them sit among the raw best and the cut decides.
+  prompts = [list(rng.choice(np.argsort(-row)[10:200], 32)) + [int(np.argmax(row))] for row in x]
+  sampler = jsample.llama_cpp(top_k=6, top_p=0.97, min_p=0.01, window_size=33, budget=8, **weights)
+  state = sampler.init(seed=np.arange(8), prompt=prompts)
+  x = jnp.asarray(x)
+  assert bool(jnp.all(jsample.testing.decided_on_candidates(sampler, x, state)))
+  np.testing.assert_allclose(sampler.probs(x, state), jsample.testing.full_path_probs(sampler, x, state), atol=1e-6)
+  np.testing.assert_array_equal(jax.jit(sampler.pick)(x, state)[0], jsample.testing.full_path_tokens(sampler, x, state))
