@@ -85,8 +85,11 @@ class Context(NamedTuple):
       use :meth:`uniform` for a stage's own randomness.
     inputs: the per-call inputs the stage declared, for this row.
     state: the stage's own state for this row (None without ``init_state``).
-    stat: the stage's row statistic, or None where it is not known (not
-      computed yet, or the stage declared none).
+    stat: the stage's row statistic (on candidates), or None where it is not
+      computed (the first pass, or the stage declared none). It describes the
+      row as the cut gave it, so it holds for the row the stage sees only where
+      ``Candidates.log_z_known`` does; only the first stage that declares a
+      statistic gets one.
     search: ``shortest_prefix(logits, weight, target)`` of the strategy in
       use; ``on_row`` calls it instead of importing one.
   """
