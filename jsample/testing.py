@@ -29,6 +29,7 @@ import numpy as np
 from jsample._src import draw, paths
 from jsample._src.sampler import Sampler, chain
 from jsample._src.stage import Stage
+from jsample._src.strategy import select
 from jsample._src.temperature import temperature
 
 Reference = Callable[[np.ndarray, dict[str, Any], list[int]], np.ndarray]
@@ -70,7 +71,7 @@ def candidate_path(sampler: Sampler, logits, state, mask=None, *, statistics: bo
   (cands, ok), refine = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, plan)
   if statistics:
     refined, better = refine()
-    cands = jax.tree.map(lambda a, b: jnp.where(ok.reshape(ok.shape + (1,) * (a.ndim - 1)), a, b), cands, refined)
+    cands = select(ok, cands, refined)
     ok = ok | better
   drawn = jax.vmap(draw.on_candidates)(cands.logits, cands.ids, rows.bits)
   return jax.tree.map(lambda a: a[0], (drawn, ok)) if single else (drawn, ok)

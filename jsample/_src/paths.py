@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from jsample._src import cut
 from jsample._src.stage import Candidates, Context, Stage, sort_candidates
-from jsample._src.strategy import Strategy
+from jsample._src.strategy import Strategy, select
 
 
 class Rows(NamedTuple):
@@ -89,9 +89,7 @@ def candidates(stages: tuple[Stage, ...], budget: int, raw: jax.Array, mask, row
 
     def with_stat():  # a second pass over V: only where the log-normaliser did not settle a row
       later, better = run(log_z, known, row_statistic(stages, raw, mask, rows, strategy))
-      return jax.tree.map(
-        lambda a, b: jnp.where(ok.reshape(ok.shape + (1,) * (a.ndim - 1)), a, b), c, later
-      ), ok | better
+      return select(ok, c, later), ok | better
 
     return with_stat() if strategy.branch_free else jax.lax.cond(jnp.all(ok), lambda: (c, ok), with_stat)
 

@@ -50,7 +50,7 @@ class Strategy(NamedTuple):
   race_row: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 
 
-def _select(ok: jax.Array, fast, slow):
+def select(ok: jax.Array, fast, slow):
   """Per row, ``fast`` where ``ok`` else ``slow``: pytrees batched over ``ok``'s axis."""
 
   def pick(a, b):
@@ -66,7 +66,7 @@ def _step_by_step(ok: jax.Array, first, refine, slow, *rows):
   indexed inside the loop, not mapped over: mapping would copy the whole batch
   of logits first.)"""
   refined, better = lax.cond(jnp.all(ok), lambda: (first, ok), refine)
-  out, ok = _select(ok, first, refined), ok | better
+  out, ok = select(ok, first, refined), ok | better
 
   def one(i):
     pick = jax.tree.map(lambda a: a[i], out)
@@ -85,8 +85,8 @@ def _all_at_once(ok: jax.Array, first, refine, slow, *rows):
 
   def rare():
     refined, better = refine()
-    out = _select(ok, first, refined)
-    return _select(ok | better, out, jax.vmap(slow)(*rows))
+    out = select(ok, first, refined)
+    return select(ok | better, out, jax.vmap(slow)(*rows))
 
   return lax.cond(jnp.all(ok), lambda: first, rare)
 
