@@ -239,7 +239,7 @@ def elementwise(
   def on_candidates(c: Candidates, s: Settings, ctx: Context) -> Candidates:
     alive = c.logits > -jnp.inf
     best = jnp.max(c.logits)
-    after = c.keep(alive)._replace(logits=jnp.where(alive, rule(c.logits, c.ids, best, s, ctx), -jnp.inf))
+    after = c._replace(logits=jnp.where(alive, rule(c.logits, c.ids, best, s, ctx), -jnp.inf))
     identity = jnp.bool_(False) if off is None else off(s)
     settled = c.complete | (jnp.bool_(False) if settles is None else settles(c, after, s))
     # A rule that emptied the candidates says nothing of the tokens beyond them.
