@@ -79,7 +79,8 @@ def _mixed(batch: int) -> dict:
 
 
 def workloads(batch: int, strategy: str | None = None, quarters: bool = False) -> list[Workload]:
-  """The eight workloads of issue 3, (a) to (h); with ``quarters``, also each quarter of (e) alone.
+  """The eight workloads of issue 3, (a) to (h), and (i), DRY beside the penalties (issue 11); with
+  ``quarters``, also each quarter of (e) alone.
 
   ``strategy`` goes to every recipe as ``strategy=...`` when given, and not at all otherwise.
   """
@@ -112,6 +113,23 @@ def workloads(batch: int, strategy: str | None = None, quarters: bool = False) -
       "default chain, repeat 1.1, W=1024",
       jsample.gemma(window_size=1024, **opts),
       dict(repeat_penalty=1.1),
+      1024,
+      None,
+    ),
+    Workload(
+      "i",
+      "default chain with DRY, repeat 1.1, DRY 0.8, W=1024",
+      jsample.chain(
+        jsample.penalties(),
+        jsample.dry(),
+        jsample.top_k(64),
+        jsample.top_p(0.95),
+        jsample.min_p(0.05),
+        jsample.temperature(1.0),
+        window_size=1024,
+        **opts,
+      ),
+      dict(repeat_penalty=1.1, dry_multiplier=0.8),
       1024,
       None,
     ),

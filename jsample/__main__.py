@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     cli.error(str(e))
   logits = zipf_row(args.vocab, args.zipf)
 
-  used = " ".join(f"{n}={v.item():g}" for n, v in state.settings.items())
+  used = " ".join(f"{n}={v.item():g}" for n, v in state.settings.items() if v.ndim == 0)  # vectors: token lists
   print(f"recipe {args.recipe}, V={args.vocab}, Zipf s={args.zipf:g}, seed {args.seed}, position {int(state.position)}")
   print(f"settings: {used}\n")
   print(f"{'stage':<12} {'survivors':>9} {'entropy':>8} {'p(top)':>8} {'top id':>8}")

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jsample._src import draw, paths
+from jsample._src import draw, paths, run
 from jsample._src.sampler import Sampler, chain
 from jsample._src.stage import Stage
 from jsample._src.strategy import select
@@ -39,8 +39,16 @@ STRATEGIES = ("cpu", "accelerator")
 
 
 def full_path_probs(sampler: Sampler, logits, state, mask=None, **inputs) -> jax.Array:
-  """The distribution of the full-vocabulary path alone, ``[B, V]``, whatever the candidates decide."""
-  (raw, mask), rows, single, plan = sampler._prepare(logits, state, dict(inputs, mask=mask))
+  """The distribution of the full-vocabulary path alone, ``[B, V]``, whatever the candidates decide.
+
+  Examples:
+    >>> import jax.numpy as jnp, jsample
+    >>> sampler = jsample.chain(jsample.top_k(2), jsample.temperature(1.0))
+    >>> probs = full_path_probs(sampler, jnp.log(jnp.array([[0.2, 0.5, 0.3]])), sampler.init(seed=[0]))
+    >>> [round(float(p), 3) for p in probs[0]]
+    [0.0, 0.625, 0.375]
+  """
+  (raw, mask), rows, single, plan = run.prepare(sampler, logits, state, dict(inputs, mask=mask))
 
   def one(raw, mask, row):
     return draw.softmax(paths.full_row(sampler.stages, raw, mask, row, plan))
@@ -50,8 +58,16 @@ def full_path_probs(sampler: Sampler, logits, state, mask=None, **inputs) -> jax
 
 
 def full_path_tokens(sampler: Sampler, logits, state, mask=None, **inputs) -> jax.Array:
-  """The tokens the full-vocabulary path alone draws, ``[B]``, with the rows' own streams."""
-  (raw, mask), rows, single, plan = sampler._prepare(logits, state, dict(inputs, mask=mask))
+  """The tokens the full-vocabulary path alone draws, ``[B]``, with the rows' own streams.
+
+  Examples:
+    >>> import jax.numpy as jnp, jsample
+    >>> sampler = jsample.chain(jsample.top_k(2), jsample.temperature(1.0))
+    >>> logits, state = jnp.log(jnp.array([[0.2, 0.5, 0.3]])), sampler.init(seed=[0])
+    >>> bool(full_path_tokens(sampler, logits, state)[0] == sampler.pick(logits, state)[0][0])
+    True
+  """
+  (raw, mask), rows, single, plan = run.prepare(sampler, logits, state, dict(inputs, mask=mask))
 
   def one(raw, mask, row):
     final = paths.full_row(sampler.stages, raw, mask, row, plan)
@@ -66,8 +82,15 @@ def candidate_path(sampler: Sampler, logits, state, mask=None, *, statistics: bo
 
   With ``statistics=False`` it stops before the row statistics, as a call does
   when the candidates decide every row without them.
+
+  Examples:
+    >>> import jax.numpy as jnp, jsample
+    >>> sampler = jsample.chain(jsample.top_k(2), jsample.temperature(0.0), budget=2)
+    >>> drawn, decided = candidate_path(sampler, jnp.array([[0.1, 3.0, 2.0]]), sampler.init(seed=[0]))
+    >>> drawn.token.tolist(), decided.tolist()
+    ([1], [True])
   """
-  (raw, mask), rows, single, plan = sampler._prepare(logits, state, dict(inputs, mask=mask))
+  (raw, mask), rows, single, plan = run.prepare(sampler, logits, state, dict(inputs, mask=mask))
   (cands, ok), refine = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, plan)
   if statistics:
     refined, better = refine()
@@ -78,15 +101,33 @@ def candidate_path(sampler: Sampler, logits, state, mask=None, *, statistics: bo
 
 
 def decided_on_candidates(sampler: Sampler, logits, state, mask=None, **inputs) -> jax.Array:
-  """``[B]`` bool: which rows the candidate path decides (the others take the full path)."""
-  (raw, mask), rows, single, plan = sampler._prepare(logits, state, dict(inputs, mask=mask))
+  """``[B]`` bool: which rows the candidate path decides (the others take the full path).
+
+  Examples:
+    >>> import jax.numpy as jnp, jsample
+    >>> sampler = jsample.chain(jsample.top_p(0.99), budget=2)  # a nucleus wider than 2 candidates
+    >>> flat, peaked = jnp.zeros(8), jnp.array([9.0, 8.0] + [0.0] * 6)
+    >>> decided_on_candidates(sampler, jnp.stack([flat, peaked]), sampler.init(seed=[0, 1])).tolist()
+    [False, True]
+  """
+  (raw, mask), rows, single, plan = run.prepare(sampler, logits, state, dict(inputs, mask=mask))
   (_, ok), refine = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, plan)
   ok = ok | refine()[1]
   return ok[0] if single else ok
 
 
 def reference_probs(reference: Reference, x: np.ndarray, settings: dict, window: list[int]) -> np.ndarray:
-  """The reference's distribution over one row: softmax of its final logits, in float64."""
+  """The reference's distribution over one row: softmax of its final logits, in float64.
+
+  ``reference(x, settings, window)`` gives the row's final logits, ``-inf`` for removed tokens.
+
+  Examples:
+    >>> import numpy as np
+    >>> def top_1(x, settings, window):
+    ...   return np.where(x == x.max(), x, -np.inf)
+    >>> reference_probs(top_1, np.array([0.0, 2.0, 1.0]), {}, []).tolist()
+    [0.0, 1.0, 0.0]
+  """
   x = np.where(np.isnan(x), -np.inf, np.asarray(x, np.float64))
   y = np.asarray(reference(x, settings, window), np.float64)
   out = np.zeros(y.shape)
@@ -101,6 +142,12 @@ def chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
   """The p-value of a chi-square goodness-of-fit test (Wilson-Hilferty; no SciPy needed).
 
   Cells with an expected count below 5 are pooled into one.
+
+  Examples:
+    >>> import numpy as np
+    >>> probs = np.array([0.5, 0.3, 0.2])
+    >>> chi_square_p(np.array([502, 297, 201]), probs) > 0.5, chi_square_p(np.array([700, 200, 100]), probs) < 1e-6
+    (True, True)
   """
   n = counts.sum()
   expected = probs * n
@@ -271,7 +318,8 @@ def assert_stage_conforms(
 
   step = jax.jit(counted)
   for values in settings:
-    step(jnp.asarray(xs), sampler.configure(state, **{k: np.broadcast_to(v, (rows,)) for k, v in values.items()}))
+    every_row = {k: np.broadcast_to(v, (rows,) + sampler.settings[k].shape) for k, v in values.items()}
+    step(jnp.asarray(xs), sampler.configure(state, **every_row))
   if len(traces) != 1:
     raise AssertionError(f"{stage.name}: new setting values recompiled ({len(traces)} traces)")
 
@@ -282,6 +330,20 @@ def assert_stage_conforms(
     plain = np.asarray(jax.jit(alone.probs)(jnp.asarray(xs), alone.init(seed=np.arange(rows))))
     off = np.asarray(jax.jit(sampler.probs)(jnp.asarray(xs), fresh(sampler, neutral)))
     _close(off, plain, 1e-6, f"{stage.name}: neutral settings {neutral} are not the identity")
+
+  # -- off in every row, the stage is skipped (Stage.off): the same as applied ---------
+  if stage.off is not None:
+    for values in settings:
+      every_row = _per_row([values], rows)
+      if not bool(stage.off({k: jnp.asarray(v) for k, v in _row_settings(base, every_row, 0).items()})):
+        continue
+      want = np.stack(
+        [reference_probs(reference, xs[i], _row_settings(base, every_row, i), windows[i]) for i in range(rows)]
+      )
+      for budget in (4, vocab):
+        skipping = build(budget, "cpu")
+        got = np.asarray(jax.jit(skipping.probs)(jnp.asarray(xs), fresh(skipping, every_row)))
+        _close(got, want, atol, f"{stage.name}: off in every row ({values}, budget {budget}) against the reference")
 
   # -- half-precision rows ------------------------------------------------------------
   for dtype in (jnp.bfloat16, jnp.float16):

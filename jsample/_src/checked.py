@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import checkify
 
 
@@ -49,17 +50,30 @@ def _valid(setting, value: jax.Array) -> jax.Array:
     ) from None
 
 
+def _by_row(ok: jax.Array, value: jax.Array, shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+  """Per row: whether every entry of a vector setting is ok, and its first bad entry."""
+  if not shape:
+    return ok, value
+  rows = value.shape[: value.ndim - len(shape)]
+  size = int(np.prod(shape))
+  ok, value = ok.reshape(rows + (size,)), value.reshape(rows + (size,))
+  first = jnp.argmin(ok, axis=-1)[..., None]
+  return jnp.all(ok, axis=-1), jnp.take_along_axis(value, first, axis=-1)[..., 0]
+
+
 def settings(sampler, state) -> None:
   """Every setting in its range, as ``init`` requires of concrete values."""
   for name, setting in sampler.settings.items():
     value = state.settings[name]
     ok = jnp.broadcast_to(_valid(setting, value), value.shape)
     allowed = setting.allowed.replace("{", "{{").replace("}", "}}")
-    _report(ok, f"{name}: must be {allowed}; row {{at}} holds {{value}}", value)
+    ok, first = _by_row(ok, value, setting.shape)
+    _report(ok, f"{name}: must be {allowed}; row {{at}} holds {{value}}", first)
     if setting.at_most is not None:
       bound = getattr(sampler, setting.at_most)
       message = f"{name}: must be <= {setting.at_most}={bound}; row {{at}} holds {{value}}"
-      _report(value <= bound, message, value)
+      below, first = _by_row(value <= bound, value, setting.shape)
+      _report(below, message, first)
 
 
 def tokens(name: str, ids: jax.Array, vocab: int | None, lowest: int) -> None:

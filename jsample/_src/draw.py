@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from jsample._src import noise
+from jsample._src.logprobs import Logprobs
 from jsample._src.stage import logsumexp
 
 
@@ -18,11 +19,22 @@ class Draw(NamedTuple):
       ``-inf`` or NaN). ``token`` is then 0.
     logprob: ``[B]`` float32 log-probability of ``token`` under the final
       distribution the draw used (0 for greedy rows and invalid rows).
+    raw: the token under the model's own distribution (:class:`Logprobs`:
+      its log-probability, its rank, the best ``n``), where
+      :meth:`Sampler.pick_with_info` was asked for it; else None.
+
+  Examples:
+    >>> import jax.numpy as jnp, jsample
+    >>> sampler = jsample.gemma(temperature=0.0)
+    >>> draw, state = sampler.pick_with_info(jnp.array([[0.0, 2.0, 1.0]]), sampler.init(seed=[0]))
+    >>> draw.token.tolist(), draw.valid.tolist(), draw.logprob.tolist()
+    ([1], [True], [0.0])
   """
 
   token: jax.Array
   valid: jax.Array
   logprob: jax.Array
+  raw: Logprobs | None = None
 
 
 def relative(logits: jax.Array) -> jax.Array:

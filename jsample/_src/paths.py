@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from jsample._src import cut
-from jsample._src.stage import Candidates, Context, Stage, sort_candidates
+from jsample._src.stage import Candidates, Context, Stage
 from jsample._src.strategy import Strategy, select
 
 
@@ -49,6 +49,7 @@ def context(stage: Stage, row: Rows, vocab: int, strategy: Strategy, stat=None) 
     state=row.stages.get(stage.name),
     stat=stat,
     search=strategy.search,
+    branch_free=strategy.branch_free,
   )
 
 
@@ -67,34 +68,116 @@ def candidates(stages: tuple[Stage, ...], budget: int, raw: jax.Array, mask, row
   some row needs it.
   """
   vocab = raw.shape[-1]
-  touchers = tuple(stage for stage in stages if stage.touches is not None)
-  touched = _touched(touchers, rows, vocab, strategy)
-  extra = min(touched.shape[1], budget)
-  wide = min(vocab, budget + extra)
-  logits, ids = cut.top_candidates(raw, mask, wide, branch_free=strategy.branch_free)
+  touched = touched_ids(stages, rows, vocab, strategy)
+  logits, ids = cut.top_candidates(raw, mask, cut_width(budget, touched, vocab), branch_free=strategy.branch_free)
   top = logits[:, 0]  # the cleaned row's best, before any stage
-  cut_rows = jax.vmap(functools.partial(_cut_row, touchers, budget, extra, vocab, strategy))
-  chain_rows = jax.vmap(functools.partial(_chain_row, stages, vocab, strategy))
+  return from_best(
+    stages,
+    budget,
+    vocab,
+    rows,
+    strategy,
+    (logits, ids, touched),
+    (raw, mask, _read_row),
+    lambda: cut.log_normalisers(raw, mask, top, branch_free=strategy.branch_free),
+    lambda: row_statistic(stages, raw, mask, rows, strategy),
+  )
+
+
+def cut_width(budget: int, touched: jax.Array, vocab: int) -> int:
+  """How many of the best raw tokens the cut takes: ``K`` and up to ``K`` more for the touched ids."""
+  return min(vocab, budget + min(touched.shape[1], budget))
+
+
+def touched_ids(stages: tuple[Stage, ...], rows: Rows, vocab: int, strategy: Strategy) -> jax.Array:
+  """``[B, E]`` the ids the stages before the cut may change (``-1``: none)."""
+  return _touched(tuple(stage for stage in stages if stage.touches is not None), rows, vocab, strategy)
+
+
+def from_best(
+  stages, budget: int, vocab: int, rows: Rows, strategy: Strategy, best, source, log_normalisers, statistic
+):
+  """:func:`candidates` from the cut's raw best, wherever they came from (one device, or merged shards).
+
+  Args:
+    best: ``(logits [B, n], ids [B, n], touched [B, E])``: the ``n`` best
+      cleaned tokens of each row in sampling order (``n`` from
+      :func:`cut_width`) and the touched ids.
+    source: ``(a, b, read)``: ``read(a[i], b[i], ids)`` gives row ``i``'s
+      cleaned logits at the best and the touched ids (``-inf`` outside ``[0, V)``).
+    log_normalisers: ``() -> [B]``, each cleaned row's ``log Σ exp``.
+    statistic: ``() -> [B]`` the row statistic (:func:`row_statistic`), or
+      None where none can be had: rows that need it are then not decided.
+  """
+  logits, ids, touched = best
+  a, b, read = source
+  top = logits[:, 0]
+  touchers = tuple(stage for stage in stages if stage.touches is not None)
+  extra = min(touched.shape[1], budget)
+  cut_rows = jax.vmap(functools.partial(_cut_row, touchers, budget, extra, vocab, strategy, read))
+  if touchers and not strategy.branch_free and all(stage.lowers is not None for stage in touchers):
+    # Where every row only lowers, the raw best alone are exact: skip reading the touched ids.
+    narrow = jnp.all(_lowers(touchers, rows, vocab, strategy))
+    cut_rows = functools.partial(_narrow_or_wide, narrow, cut_rows)
+  skip = _skipped(stages, rows, strategy)
+  before = [off for off, stage in zip(skip, stages, strict=True) if stage.touches is not None and off is not None]
+  if touchers and len(before) == len(touchers):
+    # Every stage before the cut off in every row: the raw best are the candidates.
+    idle = jnp.all(jnp.stack(before))
+    cut_rows = functools.partial(_unless_idle, idle, budget, vocab, cut_rows)
+  chain_rows = jax.vmap(functools.partial(_chain_row, stages, vocab, strategy, skip))
 
   def run(log_z, known, stat) -> tuple[Candidates, jax.Array]:
-    c = chain_rows(cut_rows(raw, mask, logits, ids, touched, rows, log_z, known), rows, stat)
+    c = chain_rows(cut_rows(a, b, logits, ids, touched, rows, log_z, known), rows, stat)
     return c, c.exact & c.complete
 
   def refine():
-    log_z = cut.log_normalisers(raw, mask, top, branch_free=strategy.branch_free)
+    log_z = log_normalisers()
     known = jnp.ones(top.shape, bool)
     c, ok = run(log_z, known, None)
-    if stat_stage(stages) is None:
+    if stat_stage(stages) is None or statistic is None:
       return c, ok
 
     def with_stat():  # a second pass over V: only where the log-normaliser did not settle a row
-      later, better = run(log_z, known, row_statistic(stages, raw, mask, rows, strategy))
+      later, better = run(log_z, known, statistic())
       return select(ok, c, later), ok | better
 
     return with_stat() if strategy.branch_free else jax.lax.cond(jnp.all(ok), lambda: (c, ok), with_stat)
 
   unknown = jnp.zeros(top.shape, jnp.float32)
   return run(unknown, unknown > 0, None), refine
+
+
+def _read_row(raw: jax.Array, mask, ids: jax.Array) -> jax.Array:
+  return cut.at(raw, ids, mask)
+
+
+def greedy(stages: tuple[Stage, ...], rows: Rows, vocab: int, strategy: Strategy) -> jax.Array | None:
+  """``[B]`` the rows whose token is the best of the cleaned row, or None where no stage can say so.
+
+  That is a row where one stage keeps only its best token (temperature 0),
+  every stage after the cut keeps the best, and the stages before the cut
+  touch no id.
+  """
+  after = tuple(stage for stage in stages if stage.touches is None)
+  if not any(stage.greedy for stage in after) or not all(stage.keeps_best for stage in after):
+    return None
+  touchers = tuple(stage for stage in stages if stage.touches is not None)
+  touched = _touched(touchers, rows, vocab, strategy)
+
+  def one(row):
+    said = [stage.greedy(row.settings) for stage in after if stage.greedy is not None]
+    kept = [stage.keeps_best(row.settings) for stage in after if stage.keeps_best is not None]
+    return jnp.any(jnp.stack(said)) & jnp.all(jnp.stack(kept))
+
+  return jax.vmap(one)(rows) & jnp.all((touched < 0) | (touched >= vocab), axis=1)
+
+
+def best(raw: jax.Array, mask, strategy: Strategy) -> Candidates:
+  """The best token of each cleaned row, as candidates ``[B, 1]``: the cut's first pass and no more."""
+  logits, ids = cut.top_candidates(raw, mask, 1, branch_free=strategy.branch_free)
+  unknown = jnp.zeros(logits.shape[:1], jnp.float32)
+  return Candidates(ids, logits, unknown, unknown > 0, unknown == 0, unknown == 0)
 
 
 def row_statistic(stages, raw, mask, rows: Rows, strategy: Strategy) -> jax.Array:
@@ -127,54 +210,122 @@ def _touched(touchers, rows: Rows, vocab: int, strategy: Strategy) -> jax.Array:
   return jax.vmap(one)(rows)
 
 
+def _lowers(touchers, rows: Rows, vocab: int, strategy: Strategy) -> jax.Array:
+  """``[B]`` whether every stage before the cut only lowers the logits it touches, row by row."""
+
+  def one(row):
+    said = [stage.lowers(row.settings, context(stage, row, vocab, strategy)) for stage in touchers]
+    return jnp.all(jnp.stack([jnp.asarray(s, bool) for s in said]))
+
+  return jax.vmap(one)(rows)
+
+
+def _skipped(stages: tuple[Stage, ...], rows: Rows, strategy: Strategy) -> list[jax.Array | None]:
+  """Per stage, whether every row has it off (:attr:`Stage.off`), a scalar the CPU strategy branches on; None
+  where it never skips the stage (no ``off``, or the accelerator strategy, which does not branch)."""
+  if strategy.branch_free:
+    return [None] * len(stages)
+  return [
+    None if stage.off is None else jnp.all(jax.vmap(lambda row, st=stage: st.off(row.settings))(rows))
+    for stage in stages
+  ]
+
+
+def _unless_idle(idle, budget: int, vocab: int, cut_rows, raw, mask, logits, ids, touched, rows, log_z, known):
+  """The cut, or where ``idle`` (no stage before it acts) the ``K`` best raw tokens as they are (one ``lax.cond``)."""
+
+  def raw_best():
+    kept = min(budget, ids.shape[1])
+    whole = (kept == vocab) | (logits[:, kept - 1] == -jnp.inf)
+    yes = jnp.ones(whole.shape, bool)
+    return Candidates(ids[:, :kept], logits[:, :kept], log_z, known, whole, yes)
+
+  return jax.lax.cond(idle, raw_best, lambda: cut_rows(raw, mask, logits, ids, touched, rows, log_z, known))
+
+
+def _narrow_or_wide(narrow, cut_rows, raw, mask, logits, ids, touched, rows, log_z, known):
+  """The cut without the touched ids where ``narrow``, else with them (one ``lax.cond``)."""
+  args = (raw, mask, logits, ids)
+  return jax.lax.cond(
+    narrow,
+    lambda: cut_rows(*args, touched[:, :0], rows, log_z, known),
+    lambda: cut_rows(*args, touched, rows, log_z, known),
+  )
+
+
 def _cut_row(
-  touchers, budget: int, extra: int, vocab: int, strategy, raw, mask, logits, ids, touched, row: Rows, log_z, known
+  touchers,
+  budget: int,
+  extra: int,
+  vocab: int,
+  strategy,
+  read,
+  raw,
+  mask,
+  logits,
+  ids,
+  touched,
+  row: Rows,
+  log_z,
+  known,
 ):
   """The ``K`` best tokens of one row after the stages that act before the cut.
 
   ``logits, ids`` are the row's ``K + m`` best raw tokens, ``m = min(E, K)``.
-  Those stages change only their ``E`` touched ids, so the ``K`` best of the
-  changed row are among the touched ids and the ``K`` best untouched tokens,
-  which the raw best hold as long as at most ``m`` of them are touched.
+  Those stages change only their touched ids, so the ``K`` best of the changed
+  row are among the touched ids and the raw best as long as at most ``m`` of
+  the raw best changed (then ``K`` unchanged ones beat every token beyond
+  them), or when a stage leaves no untouched token alive (it says so with
+  ``complete``: allowed ids). A stage that only lowers logits cannot lift a
+  token from beyond the raw best, so its touched ids may be left out
+  (``touched`` of width 0).
   """
   (wide,) = ids.shape
   whole = (wide == vocab) | (logits[-1] == -jnp.inf)  # nothing survives beyond the cut
   c = Candidates(ids, logits, log_z, known, whole, jnp.bool_(True))
   if not touchers:
     return c
-  # Touched ids beside the raw best, once each; repeats and ids already there stay empty (id V).
-  order = jnp.sort(touched)
-  repeat = jnp.concatenate([jnp.zeros(1, bool), order[1:] == order[:-1]])
-  ranked = jnp.sort(ids)
-  # searchsorted's default is a loop (a scan): compare or sort instead.
-  method = "compare_all" if wide * order.shape[0] <= 65536 else "sort"
-  found = jnp.take(ranked, jnp.clip(jnp.searchsorted(ranked, order, method=method), 0, wide - 1)) == order
-  outside = (order < 0) | (order >= vocab)
-  empty = repeat | found | outside
-  beside = jnp.where(empty, vocab, order)
-  c = c._replace(
-    ids=jnp.concatenate([ids, beside]),
-    logits=jnp.concatenate([logits, jnp.where(empty, -jnp.inf, cut.at(raw, beside, mask))]),
-    exact=whole | (jnp.sum(found & ~repeat & ~outside) <= extra),
-  )
+  # The raw best and the touched ids in one list in id order, each id once
+  # (repeats stay empty: id V). A key of id and origin makes it a sort of one
+  # operand: on a CPU a sort that carries a second array is several times slower.
+  touched = jnp.where((touched >= 0) & (touched < vocab), touched, vocab).astype(jnp.uint32)
+  keys = jnp.sort(jnp.concatenate([ids.astype(jnp.uint32) * 2, touched * 2 + 1]))
+  merged = (keys >> 1).astype(jnp.int32)
+  empty = jnp.concatenate([jnp.zeros(1, bool), merged[1:] == merged[:-1]]) | (merged == vocab)
+  merged = jnp.where(empty, vocab, merged)
+  before = jnp.where(empty, -jnp.inf, read(raw, mask, merged))
+  c = c._replace(ids=merged, logits=before)
   for stage in touchers:
     c = stage.on_candidates(c, row.settings, context(stage, row, vocab, strategy))
-  sorted_ids, sorted_logits = sort_candidates(c.ids, c.logits)
-  kept = min(budget, sorted_ids.shape[0])
+  changed = jnp.sum(((keys & 1) == 0) & (c.logits != before))  # among the raw best
+  # top_k keeps ties in list order, which is id order: sampling order without a sort.
+  kept = min(budget, wide)  # beyond a whole row's V there are only empties
+  best, where = jax.lax.top_k(c.logits, kept)
+  # Complete: no token beyond the kept ones survives. Those beyond the list
+  # hold none when the row was whole or a stage removed every untouched token.
   return c._replace(
-    ids=sorted_ids[:kept],
-    logits=sorted_logits[:kept],
-    complete=whole & ((kept == sorted_ids.shape[0]) | (sorted_logits[kept - 1] == -jnp.inf)),
+    ids=jnp.take(c.ids, where),
+    logits=best,
+    complete=c.complete & ((whole & (kept == wide)) | (best[-1] == -jnp.inf)),
+    exact=c.exact & (c.complete | (changed <= extra) | _ahead(best[-1], c.ids[where[-1]], logits[-1], ids[-1])),
   )
 
 
-def _chain_row(stages, vocab: int, strategy: Strategy, c: Candidates, row: Rows, stat) -> Candidates:
-  """The ``O(K)`` rest of the candidate path, for one row."""
+def _ahead(logit, token, last, last_id) -> jax.Array:
+  """Whether ``(logit, token)`` ranks before the last raw candidate ``(last, last_id)``: then
+  every token beyond the cut, untouched or only lowered, ranks after the ``K`` kept."""
+  return (logit > last) | ((logit == last) & (token <= last_id))
+
+
+def _chain_row(stages, vocab: int, strategy: Strategy, skip, c: Candidates, row: Rows, stat) -> Candidates:
+  """The ``O(K)`` rest of the candidate path, for one row; ``skip`` (unbatched) leaves out the stages every row
+  has off."""
   index = stat_stage(stages)
   for i, stage in enumerate(stages):
     if stage.touches is None:
-      known = stat if i == index else None
-      c = stage.on_candidates(c, row.settings, context(stage, row, vocab, strategy, known))
+      ctx = context(stage, row, vocab, strategy, stat if i == index else None)
+      apply = functools.partial(lambda c, stage, ctx: stage.on_candidates(c, row.settings, ctx), stage=stage, ctx=ctx)
+      c = apply(c) if skip[i] is None else jax.lax.cond(skip[i], lambda c: c, apply, c)
   return c
 
 

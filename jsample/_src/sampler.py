@@ -6,13 +6,11 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
-from jsample._src import checked, draw, noise, paths, validation
-from jsample._src import strategy as strategies
+from jsample._src import checked, run, speculative, validation
 from jsample._src.draw import Draw
 from jsample._src.stage import Setting, Stage
-from jsample._src.state import SamplerState, append, as_prompt, load
+from jsample._src.state import SamplerState, as_prompt, create, fork, load
 
 
 @functools.partial(
@@ -28,6 +26,13 @@ class StageView:
     entropy: ``[B]`` float32 entropy in nats of the distribution at that point.
     ids: ``[B, n]`` int32 the ``n`` most likely tokens, in sampling order.
     probs: ``[B, n]`` float32 their probabilities at that point.
+
+  Examples:
+    >>> import jax.numpy as jnp, jsample
+    >>> sampler = jsample.chain(jsample.top_k(2), jsample.temperature(1.0))
+    >>> views = sampler.explain(jnp.log(jnp.array([[0.2, 0.5, 0.3]])), sampler.init(seed=[0]), top=2)
+    >>> [(view.name, int(view.survivors[0])) for view in views]
+    [('input', 3), ('top_k', 2), ('temperature', 2)]
   """
 
   name: str
@@ -54,6 +59,13 @@ class Sampler:
     strategy: ``"auto"``, ``"cpu"`` or ``"accelerator"`` (see
       :mod:`jsample._src.strategy`); the tokens are the same.
     checking: what :meth:`checked` turned on; None for an unchecked sampler.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, jsample
+    >>> sampler = jsample.chain(jsample.top_k(2), jsample.temperature(0.0))
+    >>> token, state = jax.jit(sampler.pick)(jnp.array([[0.1, 3.0, 2.0]]), sampler.init(seed=[0]))
+    >>> token.tolist(), state.position.tolist()
+    ([1], [1])
   """
 
   stages: tuple[Stage, ...]
@@ -64,29 +76,9 @@ class Sampler:
   checking: checked.Checks | None = None
 
   def __post_init__(self):
-    for name, value, least in (("window_size", self.window_size, 0), ("budget", self.budget, 1)):
-      if value < least:
-        raise ValueError(f"{name}: must be >= {least}; got {value}")
-    if self.vocab_size is not None and self.vocab_size < 1:
-      raise ValueError(f"vocab_size: must be >= 1; got {self.vocab_size}")
-    if self.strategy not in strategies.NAMES:
-      raise ValueError(f"strategy: must be one of {strategies.NAMES}; got {self.strategy!r}")
-    names = [s.name for stage in self.stages for s in stage.settings]
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-      raise ValueError(f"stages: each setting may belong to one stage only; repeated: {repeated}")
-    stateful = [stage.name for stage in self.stages if stage.init_state is not None]
-    if len(set(stateful)) < len(stateful):
-      raise ValueError(f"stages: stages that keep state need distinct names; got {stateful}")
+    validation.chain(self.stages, self.window_size, self.budget, self.vocab_size, self.strategy)
     for setting in self.settings.values():
       self._check(setting, setting.default)
-    first = next((i for i, stage in enumerate(self.stages) if stage.touches is None), len(self.stages))
-    late = [stage.name for stage in self.stages[first:] if stage.touches is not None]
-    if late:
-      raise ValueError(
-        f"stages: {late} act on the full row before the cut to candidates, so they must come before "
-        f"every other stage; got the order {[stage.name for stage in self.stages]}"
-      )
 
   def _check(self, setting: Setting, value) -> None:
     validation.setting(setting, value, {"window_size": self.window_size, "budget": self.budget})
@@ -161,61 +153,8 @@ class Sampler:
       >>> state.position.shape
       (2,)
     """
-    known = self.settings
-    unknown = sorted(set(settings) - set(known))
-    if unknown:
-      raise ValueError(f"{unknown[0]}: not a setting of this sampler; its settings are {sorted(known)}")
-    if seed is not None and key is not None:
-      raise ValueError("seed, key: give one of them, not both")
-    for name, value in settings.items():
-      self._check(known[name], value)
-    if key is not None and not jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
-      raise ValueError(
-        "key: must be typed PRNG keys from jax.random.key (or jax.random.wrap_key_data); "
-        f"got dtype {jnp.asarray(key).dtype}"
-      )
-    if seed is not None and validation.is_concrete(seed):
-      seeds = np.asarray(seed)
-      if not np.issubdtype(seeds.dtype, np.integer) or np.any(seeds < 0) or np.any(seeds >= 2**32):
-        raise ValueError(f"seed: must be integers in [0, 2**32); got {seed!r}")
-    if prompt is not None:
-      prompt = as_prompt(prompt)
-
-    shapes = {name: validation.rows_of(known[name], v) for name, v in settings.items()}
-    for name, value in (("seed", seed), ("key", key)):
-      if value is not None:
-        shapes[name] = np.shape(value)
-        if len(shapes[name]) > 1:
-          raise ValueError(f"{name}: must be a scalar or one value per row [B]; got shape {shapes[name]}")
-    if prompt is not None and prompt.ndim == 2:
-      shapes["prompt"] = prompt.shape[:1]
-    sizes = {name: shape[0] for name, shape in shapes.items() if shape}
-    if batch is not None:
-      sizes["batch"] = batch
-    if len(set(sizes.values())) > 1:
-      raise ValueError(f"batch sizes disagree: {sizes}")
-    rows = () if not sizes else (next(iter(sizes.values())),)
-
-    if key is None:
-      per_row = jnp.broadcast_to(jnp.asarray(0 if seed is None else seed, jnp.uint32), rows)
-      key = jax.vmap(jax.random.key)(per_row.reshape(-1)).reshape(rows)
-    else:
-      key = jnp.broadcast_to(key, rows)
-    values = {
-      name: jnp.broadcast_to(jnp.asarray(settings.get(name, s.default), s.dtype), rows + s.shape)
-      for name, s in known.items()
-    }
-    own = {
-      stage.name: jax.tree.map(lambda a: jnp.broadcast_to(a, rows + jnp.shape(a)), stage.init_state())
-      for stage in self.stages
-      if stage.init_state is not None
-    }
-    fresh = SamplerState(
-      key=key,
-      position=jnp.zeros(rows, jnp.int32),
-      window=jnp.full(rows + (self.window_size,), -1, jnp.int32),
-      settings=values,
-      stages=own,
+    fresh, prompt = create(
+      self.settings, self.stages, self.window_size, self._check, seed, key, batch, prompt, settings
     )
     return fresh if prompt is None else self.load_prompt(fresh, prompt)
 
@@ -272,6 +211,37 @@ class Sampler:
       window, position = load(state.window, state.position, prompt)
     return state._replace(window=window, position=position)
 
+  def fork(self, state: SamplerState, n: int) -> SamplerState:
+    """``n`` samples per row: each row becomes ``n`` rows in a row, each with its own stream.
+
+    Copy ``j`` of a row draws with the stream ``jax.random.fold_in(key, j)``
+    of the row's key, so its tokens are those of a row initialised with that
+    key: reproducible, and independent of ``n`` and of the other rows. Repeat
+    the logits alike (``jnp.repeat(logits, n, axis=0)``); the model then
+    decodes the ``B * n`` rows as one batch.
+
+    Args:
+      state: ``[B]`` rows (one row: ``[]``, which becomes ``[n]``).
+      n: the number of samples per row (static).
+
+    Returns:
+      The ``[B * n]`` rows' state.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, jsample
+      >>> sampler = jsample.llama_cpp()
+      >>> state = sampler.fork(sampler.init(seed=[1, 2]), 3)
+      >>> state.position.shape
+      (6,)
+      >>> tokens, state = sampler.pick(jnp.repeat(jnp.zeros((2, 50)), 3, axis=0), state)
+      >>> alone = sampler.init(key=jax.random.fold_in(jax.random.key(2), 1))
+      >>> int(tokens[4]) == int(sampler.pick(jnp.zeros(50), alone)[0])  # row 1, copy 1
+      True
+    """
+    if not isinstance(n, int) or n < 1:
+      raise ValueError(f"n: must be an int >= 1; got {n!r}")
+    return fork(_batched(state), n)
+
   def accept(self, state: SamplerState, token: jax.Array) -> SamplerState:
     """Appends tokens chosen by the caller (speculative decoding, forced tokens).
 
@@ -304,7 +274,7 @@ class Sampler:
     if single:
       token, state = token[None], jax.tree.map(lambda a: a[None], state)
     drawn = Draw(token, jnp.ones(token.shape, bool), jnp.full(token.shape, jnp.nan, jnp.float32))
-    state = self._advance(state, drawn, {}, self.vocab_size or 0)
+    state = run.advance(self, state, drawn, {}, self.vocab_size or 0)
     return jax.tree.map(lambda a: a[0], state) if single else state
 
   # -- drawing ----------------------------------------------------------------
@@ -331,11 +301,21 @@ class Sampler:
       >>> int(state.position)
       4
     """
-    drawn, state = self._one_row_or_batch(self._draw, logits, state, dict(inputs, mask=mask), logprob=False)
+    drawn, state = run.one_row_or_batch(self, run.draws, logits, state, dict(inputs, mask=mask), logprob=False)
     return drawn.token, state
 
-  def pick_with_info(self, logits: jax.Array, state: SamplerState, mask=None, **inputs) -> tuple[Draw, SamplerState]:
+  def pick_with_info(
+    self, logits: jax.Array, state: SamplerState, mask=None, *, top_logprobs=None, **inputs
+  ) -> tuple[Draw, SamplerState]:
     """Like :meth:`pick`, returning a :class:`Draw` (token, valid, logprob) instead of the token.
+
+    Args:
+      logits, state, mask, inputs: as for :meth:`pick`.
+      top_logprobs: optional; an int ``n`` (static) asks also for the token
+        under the model's own distribution (``Draw.raw``: its log-probability
+        and rank, the ``n`` most likely tokens), a tuple ``(n, per_row)`` for
+        rows that each want ``per_row [B] <= n`` of them. It costs a few
+        passes over the rows.
 
     Examples:
       >>> import jax.numpy as jnp, jsample
@@ -343,8 +323,14 @@ class Sampler:
       >>> drawn, state = sampler.pick_with_info(jnp.full(8, -jnp.inf), sampler.init(seed=0))
       >>> bool(drawn.valid), int(drawn.token)  # nothing survives: flagged, in range
       (False, 0)
+      >>> sampler = jsample.llama_cpp(temperature=0.0)
+      >>> drawn, _ = sampler.pick_with_info(jnp.log(jnp.array([0.2, 0.5, 0.3])), state, top_logprobs=2)
+      >>> int(drawn.raw.rank), drawn.raw.top_ids.tolist(), round(float(drawn.raw.logprob), 3)
+      (1, [1, 2], -0.693)
     """
-    return self._one_row_or_batch(self._draw, logits, state, dict(inputs, mask=mask), logprob=True)
+    top, per_row = top_logprobs if isinstance(top_logprobs, tuple) else (top_logprobs, None)
+    given = dict(inputs, mask=mask, top_logprobs=per_row)
+    return run.one_row_or_batch(self, run.draws, logits, state, given, logprob=True, top_logprobs=top)
 
   def probs(self, logits: jax.Array, state: SamplerState, mask=None, **inputs) -> jax.Array:
     """The distribution :meth:`pick` draws from, as probabilities ``[..., V]``.
@@ -359,22 +345,62 @@ class Sampler:
       >>> [round(float(v), 3) for v in p]
       [0.0, 0.667, 0.333]
     """
-    return self._one_row_or_batch(self._probs, logits, state, dict(inputs, mask=mask))
+    return run.one_row_or_batch(self, run.probs, logits, state, dict(inputs, mask=mask))
 
-  def _probs(self, logits, state: SamplerState, inputs: dict) -> jax.Array:
-    (raw, mask), rows, single, plan = self._prepare(logits, state, inputs)
-    vocab = raw.shape[-1]
+  def verify(
+    self, draft_tokens, draft_probs, target_logits: jax.Array, state: SamplerState, mask=None, **inputs
+  ) -> tuple[jax.Array, jax.Array, SamplerState]:
+    """Speculative decoding: keeps a prefix of a draft's tokens, then adds one token of the target's own.
 
-    def spread(cands):
-      return jax.vmap(lambda x, ids: jnp.zeros(vocab, jnp.float32).at[ids].set(draw.softmax(x), mode="drop"))(
-        cands.logits, cands.ids
-      )
+    Draft token ``x_j`` is kept with probability ``min(1, p_j(x_j) / q_j(x_j))``,
+    where ``p_j`` is the distribution :meth:`pick` would draw from at that
+    position (:meth:`probs` of ``target_logits[:, j]`` with the state after
+    the draft's first ``j`` tokens: penalty windows, DRY and mirostat see
+    them as if drawn one by one). The first token refused is replaced by a
+    draw from ``norm(max(0, p_j - q_j))``; a draft kept whole earns a bonus
+    token, :meth:`pick`'s own at row ``L``. Each emitted token then follows
+    ``p_j`` exactly, whatever ``q``. A greedy row (``p_j`` one-hot) keeps the
+    draft while it matches :meth:`pick`'s token and ends with :meth:`pick`'s
+    token. Coins and corrections come from the row's own stream (its key and
+    the token's position, apart from the draw's noise), so a row's result does
+    not depend on its batch.
 
-    def slow(raw, mask, row):
-      return draw.softmax(paths.full_row(self.stages, raw, mask, row, plan))
+    Args:
+      draft_tokens: ``[B, L]`` int32 the draft's tokens (one row: ``[L]``).
+      draft_probs: ``[B, L, V]`` the draft's probabilities of them, as it drew
+        them (``q_j``; non-negative and finite, which is not checked); None
+        for a deterministic draft (``q_j`` one-hot on ``x_j``: greedy drafts,
+        n-gram lookup).
+      target_logits: ``[B, L + 1, V]`` the target's logits at the draft's
+        positions and one more.
+      state: the rows' state before the draft's first token.
+      mask: optional allowed tokens per target row, bool ``[B, L + 1, V]`` or
+        packed int32 ``[B, L + 1, M]``.
+      **inputs: per-call inputs of the chain's stages, one per target row
+        (``[B, L + 1, ...]``).
 
-    out = self._decide(raw, mask, rows, plan, spread, slow)
-    return out[0] if single else out
+    Returns:
+      ``(tokens, accepted, state)``: ``tokens [B, L + 1]`` int32, the kept
+      draft tokens, then the correction or bonus token, then ``-1``;
+      ``accepted [B]`` int32 the draft tokens kept (``accepted + 1`` emitted);
+      the state after the emitted tokens, as after picking them one by one.
+      A row where nothing survives at its last emitted position gets token
+      0 there and an empty window slot, as :meth:`pick` gives it.
+
+    Examples:
+      >>> import jax.numpy as jnp, jsample
+      >>> sampler = jsample.llama_cpp(temperature=0.0)  # greedy: the draft is kept while it is the argmax
+      >>> logits = jnp.log(jnp.array([[0.1, 0.6, 0.3], [0.5, 0.2, 0.3], [0.2, 0.2, 0.6]]))  # [L + 1, V]
+      >>> tokens, accepted, state = sampler.verify(jnp.array([1, 2]), None, logits, sampler.init(seed=0))
+      >>> tokens.tolist(), int(accepted), int(state.position)
+      ([1, 0, -1], 1, 2)
+
+    References:
+      Leviathan, Kalman and Matias, "Fast Inference from Transformers via
+      Speculative Decoding", ICML 2023; Chen et al., "Accelerating Large
+      Language Model Decoding with Speculative Sampling", 2023.
+    """
+    return speculative.verify(self, draft_tokens, draft_probs, target_logits, state, mask, inputs)
 
   def explain(self, logits: jax.Array, state: SamplerState, mask=None, *, top: int = 5, **inputs) -> list[StageView]:
     """What each stage does to the rows: survivors, entropy and the best tokens after each.
@@ -394,150 +420,15 @@ class Sampler:
 
     Examples:
       >>> import jax.numpy as jnp, jsample
-      >>> sampler = jsample.llama_cpp(top_k=2)
+      >>> sampler = jsample.gemma(top_k=2)
       >>> views = sampler.explain(jnp.log(jnp.array([0.5, 0.3, 0.2])), sampler.init(seed=0), top=2)
       >>> [(v.name, int(v.survivors)) for v in views]
       [('input', 3), ('penalties', 3), ('top_k', 2), ('top_p', 2), ('min_p', 2), ('temperature', 2)]
       >>> [round(float(p), 3) for p in views[2].probs]
       [0.625, 0.375]
     """
-    (raw, mask), rows, single, plan = self._prepare(logits, state, dict(inputs, mask=mask))
-    vocab = raw.shape[-1]
-    n = min(top, vocab)
-
-    def one(raw, mask, row):
-      x = paths.full_row((), raw, mask, row, plan)
-      views = [_view(x, n)]
-      for stage in self.stages:
-        x = stage.on_row(x, row.settings, paths.context(stage, row, vocab, plan))
-        views.append(_view(x, n))
-      return views
-
-    views = jax.vmap(one)(raw, mask, rows)
-    names = ("input",) + tuple(stage.name for stage in self.stages)
-    if single:
-      views = jax.tree.map(lambda a: a[0], views)
-    return [StageView(name, *view) for name, view in zip(names, views, strict=True)]
-
-  # -- the draw -----------------------------------------------------------------
-
-  def _one_row_or_batch(self, method, logits, state: SamplerState, inputs: dict, **static):
-    """``method(logits, state, inputs)``; for one row ``[V]``, with a batching rule of its own.
-
-    Under ``jax.vmap(sampler.pick)`` JAX would otherwise map the one-row
-    program over the rows, and its conditionals would become selects that run
-    every branch (the full-vocabulary path included) for every row. The rule
-    runs the batched call instead: the same tokens, at the batched call's cost.
-    """
-    call = functools.partial(method, **static)
-    if jnp.ndim(logits) != 1 or self.checking:  # checkify does not cross a custom batching rule
-      return call(logits, state, inputs)
-    inputs = {name: value for name, value in inputs.items() if value is not None}
-
-    @jax.custom_batching.custom_vmap
-    def one_row(logits, state, inputs):
-      return call(logits, state, inputs)
-
-    @one_row.def_vmap
-    def rows(axis_size, in_batched, logits, state, inputs):
-      def spread(value, batched):
-        return value if batched else jnp.broadcast_to(value, (axis_size,) + jnp.shape(value))
-
-      args = jax.tree.map(spread, (logits, state, inputs), tuple(in_batched))
-      out = call(*args)
-      return out, jax.tree.map(lambda _: True, out)
-
-    return one_row(logits, state, inputs)
-
-  def _draw(self, logits, state: SamplerState, inputs: dict, *, logprob: bool) -> tuple[Draw, SamplerState]:
-    (raw, mask), rows, single, plan = self._prepare(logits, state, inputs)
-    # pick drops the log-probability, and on a full row it costs an exp per token.
-    needs_logprob = logprob or any(stage.update is not None for stage in self.stages)
-
-    def fast(cands):
-      return jax.vmap(draw.on_candidates)(cands.logits, cands.ids, rows.bits)
-
-    def slow(raw, mask, row):
-      final = paths.full_row(self.stages, raw, mask, row, plan)
-      return draw.on_row(final, row.bits, plan.race_row, logprob=needs_logprob)
-
-    drawn = self._decide(raw, mask, rows, plan, fast, slow)
-    if self.checking:
-      checked.drawn(self, drawn.valid)
-    state = self._advance(_batched(state, single), drawn, rows.inputs, raw.shape[-1])
-    if single:
-      drawn, state = jax.tree.map(lambda a: a[0], (drawn, state))
-    return drawn, state
-
-  def _decide(self, raw, mask, rows: paths.Rows, plan: strategies.Strategy, fast, slow):
-    """``fast(candidates)`` for the rows the candidates decide, ``slow(row)`` for the others."""
-    (first, ok), refine = paths.candidates(self.stages, self.budget, raw, mask, rows, plan)
-
-    def refined():
-      cands, better = refine()
-      return fast(cands), better
-
-    return plan.decide(ok, fast(first), refined, slow, raw, mask, rows)
-
-  def _advance(self, state: SamplerState, drawn: Draw, inputs: dict, vocab: int) -> SamplerState:
-    """Accepts the drawn tokens and updates the stages' own state; batched rows."""
-    # A row where nothing survived still advances, with an empty window slot.
-    accepted = jnp.where(drawn.valid, drawn.token, -1)
-    stages = dict(state.stages)
-    updating = [stage for stage in self.stages if stage.update is not None]
-    if updating:
-      bits = jax.vmap(noise.step_bits)(state.key, state.position)
-      rows = paths.Rows(state.settings, state.window, state.position, bits, inputs, state.stages)
-      plan = strategies.resolve(self.strategy)
-
-      def update(stage, row, token, logprob):
-        ctx = paths.context(stage, row, vocab, plan)
-        return stage.update(ctx.state, token, logprob, row.settings, ctx)
-
-      for stage in updating:
-        stages[stage.name] = jax.vmap(lambda r, t, lp, s=stage: update(s, r, t, lp))(rows, accepted, drawn.logprob)
-    window, position = jax.vmap(append)(state.window, state.position, accepted)
-    return state._replace(window=window, position=position, stages=stages)
-
-  def _prepare(self, logits, state: SamplerState, inputs: dict):
-    """Checks the inputs; returns ``((raw, mask), rows, single, strategy)`` with a batch axis.
-
-    The logits stay as given: each reader cleans what it reads (see
-    :func:`cut.clean`), so no float32 copy of the batch is ever written.
-    """
-    logits = jnp.asarray(logits)
-    validation.logits(logits, self.vocab_size)
-    if state.position.shape != logits.shape[:-1]:
-      raise ValueError(
-        f"state: holds rows of shape {state.position.shape}, logits {logits.shape} need {logits.shape[:-1]}"
-      )
-    given = {name: jnp.asarray(value) for name, value in inputs.items() if value is not None}
-    validation.inputs(given, self.inputs, logits.shape)
-    missing = sorted(set(self.inputs) - set(given))
-    if missing:
-      raise ValueError(f"{missing[0]}: the stage {self.inputs[missing[0]]!r} needs this input; pass it to the call")
-    # Window ids outside the vocabulary count for no token; say so where they can be seen.
-    validation.tokens("state.window", state.window, logits.shape[-1], lowest=-1)
-    if self.checking:
-      checked.inputs(self, logits, state)
-    single = logits.ndim == 1
-    if single:
-      logits, given, state = jax.tree.map(lambda a: a[None], (logits, given, state))
-    mask = given.pop("mask", None)
-    bits = jax.vmap(noise.step_bits)(state.key, state.position)
-    rows = paths.Rows(state.settings, state.window, state.position, bits, given, state.stages)
-    return (logits, mask), rows, single, strategies.resolve(self.strategy)
-
-
-def _batched(state: SamplerState, single: bool) -> SamplerState:
-  return jax.tree.map(lambda a: a[None], state) if single else state
-
-
-def _view(x: jax.Array, n: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-  p = draw.softmax(x)
-  entropy = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0))
-  probs, ids = lax.top_k(p, n)
-  return jnp.sum(x > -jnp.inf, dtype=jnp.int32), entropy, ids.astype(jnp.int32), probs
+    seen = run.views(self, logits, state, dict(inputs, mask=mask), top)
+    return [StageView(name, *view) for name, view in seen]
 
 
 def chain(
@@ -573,3 +464,8 @@ def chain(
     if not isinstance(stage, Stage):
       raise ValueError(f"stages: expected Stage objects (jsample.top_k(...), ...); got {stage!r}")
   return Sampler(tuple(stages), window_size=window_size, budget=budget, vocab_size=vocab_size, strategy=strategy)
+
+
+def _batched(state: SamplerState) -> SamplerState:
+  """A batch of one for a single row's state."""
+  return jax.tree.map(lambda a: a[None], state) if state.position.ndim == 0 else state

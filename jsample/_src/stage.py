@@ -15,6 +15,8 @@ declare:
 - ``touches``: the ids whose logits it may change *before* the cut (penalties:
   the window's tokens; logit bias: the biased ids). The cut then keeps those
   ids beside the ``K`` best, so any change to them, up or down, stays exact;
+  a stage that declares ``lowers`` only ever lowers them (DRY), and its ids
+  need not join the cut: a lowered token outside it cannot rise into it;
 - ``row_stat``: a statistic of the row as the cut gives it (temperature: the
   log-normaliser of the tempered row), computed in a batched pass over ``V``
   when some row needs it and passed in as ``Context.stat``;
@@ -58,6 +60,12 @@ class Setting(NamedTuple):
       (logit-bias ids, say); ``init`` takes ``[N]`` for every row or ``[B, N]``.
     at_most: the name of a static size of the sampler that bounds the value
       (``"window_size"`` for ``penalty_last_n``), or None.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> floor = Setting("floor", 0.0, jnp.float32, lambda v: (v >= 0) & (v < 1), "in [0, 1)", 0.0, "a floor")
+    >>> bool(floor.valid(0.5)), bool(floor.valid(1.5))
+    (True, False)
   """
 
   name: str
@@ -92,6 +100,15 @@ class Context(NamedTuple):
       statistic gets one.
     search: ``shortest_prefix(logits, weight, target)`` of the strategy in
       use; ``on_row`` calls it instead of importing one.
+    branch_free: whether the strategy in use wants no data-dependent loops
+      or conditionals (the accelerator strategy); a stage with a cheap loop
+      on a CPU (DRY's repeat lengths) picks its fixed, vectorised form then.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> ctx = Context(window=jnp.array([5, -1], jnp.int32), position=jnp.int32(1), vocab=8, offset=4)
+    >>> ctx.ids(3).tolist()  # a shard of the vocabulary that starts at id 4
+    [4, 5, 6]
   """
 
   window: jax.Array
@@ -103,6 +120,7 @@ class Context(NamedTuple):
   state: Any = None
   stat: Any = None
   search: Callable[[jax.Array, jax.Array, jax.Array], jax.Array] = shortest_prefix
+  branch_free: bool = False
 
   def ids(self, width: int) -> jax.Array:
     """``[width]`` int32 token ids of a row of that width."""
@@ -134,6 +152,15 @@ class Candidates(NamedTuple):
     complete: ``[]`` bool, True when no token outside the candidates survives.
     exact: ``[]`` bool, False when a stage could not decide from candidates;
       the row then takes the full-vocabulary path.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> yes, no = jnp.bool_(True), jnp.bool_(False)
+    >>> c = Candidates(jnp.array([2, 0, 1]), jnp.array([3.0, 1.0, 0.5]), jnp.float32(0), no, yes, yes)
+    >>> c.keep(c.logits > 0.9).logits.tolist()
+    [3.0, 1.0, -inf]
+    >>> [round(float(v), 4) for v in c.log_normaliser()]  # complete: from the candidates themselves
+    [3.1967, 1.0]
   """
 
   ids: jax.Array
@@ -170,12 +197,25 @@ class Stage(NamedTuple):
 
   Attributes:
     name: a short label (``"top_p"``); stages with state need distinct names.
-    settings: the :class:`Setting` s this stage reads.
+    settings: the :class:`Setting` s this stage reads. Stages that declare a
+      setting alike (same name, dtype, default, ``valid``, ...) share it: the
+      state holds one value per row (llama.cpp's one ``min_keep``).
     on_candidates: ``(Candidates, settings, Context) -> Candidates``.
     on_row: ``(logits [V], settings, Context) -> logits [V]``.
     touches: ``(settings, Context) -> ids [E]``, the ids (``-1``: none) whose
       logits the stage may change; such a stage acts before the cut, and
       ``on_candidates`` sees those ids beside the best ``K``, not in order.
+    lowers: ``(settings, Context) -> bool``, optional beside ``touches``: True
+      where the stage never raises a logit it touches (penalties with
+      weights that only penalise); where every row says so, the CPU cut
+      skips the touched ids beyond the raw best.
+    greedy: ``(settings) -> bool``, optional: True where the stage keeps only
+      the best token it is given (temperature 0, top-k 1).
+    keeps_best: ``(settings) -> bool``, optional: True where the stage keeps
+      the best token it is given and lifts no other above it (a truncation, a
+      temperature). Where one stage is greedy and every stage after the cut
+      keeps the best, the row's token is the best of the cut, and a batch of
+      such rows takes one argmax-like pass (no stage missing this is assumed to).
     row_stat: ``(row [V], settings, Context) -> []``, a statistic of the
       cleaned row as the cut gives it, passed to ``on_candidates`` as
       ``Context.stat``.
@@ -184,6 +224,19 @@ class Stage(NamedTuple):
       draw (``logprob`` of the token under the final distribution, NaN when
       :meth:`Sampler.accept` appended it).
     inputs: names of the per-call inputs the stage reads.
+    off: ``(settings) -> bool``, optional: True where ``on_candidates`` is
+      the identity (logits and flags alike), as for a neutral setting. Where
+      every row of a batch says so, the CPU strategy skips the stage (one
+      ``lax.cond``), so a stage left neutral costs nothing. A stage with
+      ``touches`` needs none: touching no id (``-1``), it changes nothing.
+
+  Examples:
+    >>> import jsample
+    >>> stage = jsample.top_k(40)
+    >>> stage.name, [setting.name for setting in stage.settings], stage.touches is None
+    ('top_k', ['top_k'], True)
+
+    The README's "Design" section builds a complete stage of one's own.
   """
 
   name: str
@@ -191,10 +244,14 @@ class Stage(NamedTuple):
   on_candidates: OnCandidates
   on_row: OnRow
   touches: Callable[[Settings, Context], jax.Array] | None = None
+  lowers: Callable[[Settings, Context], jax.Array] | None = None
+  greedy: Callable[[Settings], jax.Array] | None = None
+  keeps_best: Callable[[Settings], jax.Array] | None = None
   row_stat: Callable[[jax.Array, Settings, Context], jax.Array] | None = None
   init_state: Callable[[], Any] | None = None
   update: Callable[..., Any] | None = None
   inputs: tuple[str, ...] = ()
+  off: Callable[[Settings], jax.Array] | None = None
 
 
 def elementwise(
@@ -204,6 +261,7 @@ def elementwise(
   *,
   off: Callable[[Settings], jax.Array] | None = None,
   settles: Callable[[Candidates, Candidates, Settings], jax.Array] | None = None,
+  keeps_best: Callable[[Settings], jax.Array] | None = None,
 ) -> Stage:
   """A stage from one elementwise rule, applied alike to candidates and to a row.
 
@@ -220,6 +278,8 @@ def elementwise(
     settles: optional ``(before, after, settings) -> bool``: True where no
       token outside the candidates survives the rule (min-p's threshold above
       the last candidate, say).
+    keeps_best: optional ``settings -> bool``, True where the rule keeps the
+      best token (see :attr:`Stage.keeps_best`).
 
   Returns:
     A :class:`Stage`. Where the rule changed something and the candidates are
@@ -258,7 +318,7 @@ def elementwise(
 
     return apply() if off is None else lax.cond(off(s), lambda: logits, apply)
 
-  return Stage(name, settings, on_candidates, on_row)
+  return Stage(name, settings, on_candidates, on_row, keeps_best=keeps_best, off=off)
 
 
 def logsumexp(logits: jax.Array) -> jax.Array:
@@ -266,6 +326,12 @@ def logsumexp(logits: jax.Array) -> jax.Array:
   top = jnp.max(logits)
   shift = jnp.where(top > -jnp.inf, top, 0.0)
   return shift + jnp.log(jnp.sum(jnp.exp(logits - shift)))
+
+
+def entropy(logits: jax.Array, log_z: jax.Array) -> jax.Array:
+  """``H = Σ p (log_z - logit)`` in nats over the survivors (``0 log 0 = 0``), given their ``log_z``."""
+  surprise = jnp.where(logits > -jnp.inf, log_z - logits, 0.0)
+  return jnp.sum(jnp.exp(-surprise) * surprise)
 
 
 def survivor_rank(logits: jax.Array) -> jax.Array:

@@ -84,4 +84,12 @@ def top_n_sigma(n: float = -1.0) -> Stage:
 
     return lax.cond(n > 0, cut, lambda: logits)
 
-  return Stage("top_n_sigma", (setting,), on_candidates, on_row, row_stat=row_stat)
+  return Stage(
+    "top_n_sigma",
+    (setting,),
+    on_candidates,
+    on_row,
+    row_stat=row_stat,
+    keeps_best=lambda s: jnp.bool_(True),
+    off=lambda s: ~(s["top_n_sigma"] > 0),
+  )

@@ -21,6 +21,32 @@ from jsample._src.stage import (
 )
 
 
+def _always(s: Settings) -> jax.Array:
+  """A :attr:`Stage.keeps_best` for truncations, which never drop the best token."""
+  return jnp.bool_(True)
+
+
+def _non_negative(v):
+  return v >= 0
+
+
+def min_keep_setting(n: int = 0) -> Setting:
+  """``min_keep``, shared by the stages that take one (top-p, min-p, typical, XTC), as llama.cpp passes one to all.
+
+  Every such stage declares it with this function, so that a chain holds one
+  value per row (:class:`Stage` shares settings declared alike).
+  """
+  return Setting(
+    "min_keep",
+    n,
+    jnp.int32,
+    _non_negative,
+    "an integer >= 0",
+    0,
+    "top-p, min-p, typical and XTC keep at least this many tokens (0 and 1 alike)",
+  )
+
+
 def top_k(k: int = 40) -> Stage:
   """Keeps exactly the ``k`` best tokens; ``k <= 0`` keeps all.
 
@@ -69,18 +95,34 @@ def top_k(k: int = 40) -> Stage:
 
     return lax.cond(k >= ctx.vocab, lambda: logits, cut)  # the search costs ~50 passes: skip it when off
 
-  return Stage("top_k", (setting,), on_candidates, on_row)
+  return Stage("top_k", (setting,), on_candidates, on_row, greedy=lambda s: s["top_k"] == 1, keeps_best=_always)
 
 
-def top_p(p: float = 0.95) -> Stage:
+def _at_least(logits: jax.Array, least: jax.Array, kept: jax.Array, ctx: Context) -> jax.Array:
+  """``kept`` (a full row's logits after a cut) with the ``least`` best of ``logits`` restored (``min_keep``).
+
+  The search that finds them costs passes over the row, so rows with ``least <= 1`` skip it: a cut that keeps the
+  best token already keeps one.
+  """
+
+  def restore():
+    best = ctx.search(logits, (logits > -jnp.inf).astype(jnp.int32), least)
+    return jnp.where(best, logits, kept)
+
+  return lax.cond(least > 1, restore, lambda: kept)
+
+
+def top_p(p: float = 0.95, min_keep: int = 0) -> Stage:
   """Nucleus sampling: keeps the shortest prefix whose probability reaches ``p``.
 
   Probabilities are the softmax of the current survivors; the token that
   crosses ``p`` is kept, and so is the best token whatever ``p`` is.
-  ``p >= 1`` keeps all.
+  ``p >= 1`` keeps all. The prefix holds at least ``min_keep`` tokens, as
+  llama.cpp's (``cum >= p`` and ``i + 1 >= min_keep``).
 
   Args:
     p: ``top_p``, in ``(0, 1]``.
+    min_keep: ``min_keep``, shared with the other stages that take it.
 
   Returns:
     A :class:`Stage`.
@@ -107,16 +149,18 @@ def top_p(p: float = 0.95) -> Stage:
   )
 
   def on_candidates(c: Candidates, s: Settings, ctx: Context) -> Candidates:
-    p = s["top_p"]
+    p, least = s["top_p"], s["min_keep"]
     log_z, known = c.log_normaliser()
     probs = jnp.exp(c.logits - log_z)  # where unknown, the row is not exact anyway
-    reached = (jnp.cumsum(probs) >= p) & (c.logits > -jnp.inf)
+    rank = survivor_rank(c.logits)
+    reached = (jnp.cumsum(probs) >= p) & (c.logits > -jnp.inf) & (rank >= least)
     crossing = jnp.argmax(reached)
     found = jnp.any(reached)
     off = p >= 1
     index = jnp.arange(c.ids.shape[0])
-    # Not reached within the candidates: all of them survive, and so may
-    # tokens beyond; a later stage (min-p) may still settle the row.
+    # Not reached within the candidates (the mass, or min_keep tokens): all
+    # of them survive, and so may tokens beyond; a later stage (min-p) may
+    # still settle the row.
     cut = c.keep(off | ~found | (index <= crossing))
     return cut._replace(
       complete=c.complete | (found & ~off),
@@ -128,20 +172,22 @@ def top_p(p: float = 0.95) -> Stage:
 
     def cut():
       keep = ctx.search(logits, jnp.exp(logits - logsumexp(logits)), p)
-      return jnp.where(keep, logits, -jnp.inf)
+      return _at_least(logits, s["min_keep"], jnp.where(keep, logits, -jnp.inf), ctx)
 
     return lax.cond(p >= 1, lambda: logits, cut)
 
-  return Stage("top_p", (setting,), on_candidates, on_row)
+  return Stage("top_p", (setting, min_keep_setting(min_keep)), on_candidates, on_row, keeps_best=_always)
 
 
-def min_p(p: float = 0.05) -> Stage:
+def min_p(p: float = 0.05, min_keep: int = 0) -> Stage:
   """Keeps tokens at least ``p`` times as likely as the best one.
 
-  That is ``logit >= max + log(p)``; ``p <= 0`` keeps all.
+  That is ``logit >= max + log(p)``; ``p <= 0`` keeps all. The ``min_keep``
+  best tokens survive whatever ``p`` is, as in llama.cpp.
 
   Args:
     p: ``min_p``, in ``[0, 1]``.
+    min_keep: ``min_keep``, shared with the other stages that take it.
 
   Returns:
     A :class:`Stage`.
@@ -153,6 +199,9 @@ def min_p(p: float = 0.05) -> Stage:
     >>> token, _ = sampler.pick(logits, sampler.init(seed=1))
     >>> int(token) in (0, 1)  # 0.2 < 0.5 * 0.5 is cut
     True
+    >>> p = sampler.probs(logits, sampler.init(seed=1, min_keep=3))
+    >>> int((p > 0).sum())  # min_keep = 3 keeps the three best
+    3
 
   References:
     Nguyen et al., 2024, "Turning Up the Heat: Min-p Sampling for Creative and
@@ -177,4 +226,18 @@ def min_p(p: float = 0.05) -> Stage:
     # removed it (a survivor before), it removed them too.
     return (before.logits[-1] > -jnp.inf) & (after.logits[-1] == -jnp.inf)
 
-  return elementwise("min_p", (setting,), rule, off=lambda s: ~(s["min_p"] > 0), settles=settles)
+  threshold = elementwise("min_p", (setting,), rule, off=lambda s: ~(s["min_p"] > 0), settles=settles)
+
+  def on_candidates(c: Candidates, s: Settings, ctx: Context) -> Candidates:
+    after = threshold.on_candidates(c, s, ctx)
+    rank = survivor_rank(c.logits)
+    least = s["min_keep"]
+    # Fewer than min_keep candidates alive, of a row they do not complete: min_keep keeps tokens beyond them.
+    short = (rank[-1] < least) & ~c.complete
+    kept = jnp.where((rank <= least) & (c.logits > -jnp.inf), c.logits, after.logits)
+    return after._replace(logits=kept, complete=after.complete & ~short)
+
+  def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
+    return _at_least(logits, s["min_keep"], threshold.on_row(logits, s, ctx), ctx)
+
+  return Stage("min_p", (setting, min_keep_setting(min_keep)), on_candidates, on_row, keeps_best=_always)

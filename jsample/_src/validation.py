@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jsample._src import masks
-from jsample._src.stage import Setting
+from jsample._src.stage import Setting, Stage
+from jsample._src.strategy import NAMES as STRATEGIES
 
 
 def is_concrete(value) -> bool:
@@ -33,14 +34,18 @@ def setting(spec: Setting, value, sizes: dict[str, int]) -> None:
     return
   if not np.issubdtype(v.dtype, np.number):
     raise ValueError(f"{spec.name}: must be a number or an array of numbers; got {v.dtype}")
-  if np.issubdtype(v.dtype, np.floating) and not np.all(np.isfinite(v)):
-    raise ValueError(f"{spec.name}: must be finite; got {value!r}")
+  # Infinities only where the setting says they mean something (a logit bias of -inf bans).
+  odd = ~np.isfinite(v) if np.issubdtype(v.dtype, np.floating) else np.zeros(v.shape, bool)
+  if np.any(odd) and (spec.dtype != jnp.float32 or not np.all(np.asarray(spec.valid(v[odd]), bool))):
+    infinite = np.array([-np.inf, np.inf], np.float32)
+    some = spec.dtype == jnp.float32 and np.any(np.asarray(spec.valid(infinite), bool))
+    raise ValueError(f"{spec.name}: must be {spec.allowed if some else 'finite'}; got {value!r}")
   if spec.dtype == jnp.int32 and not np.all(np.mod(v, 1) == 0):
     raise ValueError(f"{spec.name}: must be an integer; got {value!r}")
   # The state holds the value in the setting's dtype: check what it will hold
   # (1e39 overflows float32, 1e-50 rounds to 0, 2**40 wraps in int32).
   info = np.iinfo(np.int32) if spec.dtype == jnp.int32 else np.finfo(np.float32)
-  if np.any(v < info.min) or np.any(v > info.max):
+  if np.any(~odd & ((v < info.min) | (v > info.max))):
     raise ValueError(f"{spec.name}: must fit in {np.dtype(spec.dtype).name}; got {value!r}")
   stored = v.astype(spec.dtype)
   if not np.all(np.asarray(spec.valid(stored), bool)):
@@ -92,7 +97,7 @@ def inputs(given: dict, declared: dict[str, str], shape: tuple[int, ...]) -> Non
   """Per-call inputs: each declared by some stage, batched like the logits ``shape``.
 
   Args:
-    given: name -> array, ``mask`` included.
+    given: name -> array, the built-in ``mask`` and ``top_logprobs`` included.
     declared: name -> the stage that reads it.
     shape: the logits' shape.
   """
@@ -100,8 +105,52 @@ def inputs(given: dict, declared: dict[str, str], shape: tuple[int, ...]) -> Non
     if name == "mask":
       masks.check(value, shape)
       continue
-    if name not in declared:
-      known = sorted({"mask", *declared})
+    if name not in declared and name != "top_logprobs":
+      known = sorted({"mask", "top_logprobs", *declared})
       raise ValueError(f"{name}: not an input of this sampler's stages; its inputs are {known}")
     if np.shape(value)[: len(shape) - 1] != shape[:-1]:
       raise ValueError(f"{name}: must have the batch shape {shape[:-1]} of the logits; got {np.shape(value)}")
+
+
+def chain(stages: tuple[Stage, ...], window_size: int, budget: int, vocab_size: int | None, strategy: str) -> None:
+  """Checks a sampler's stages and static sizes as :func:`jsample.chain` receives them."""
+  for name, value, least in (("window_size", window_size, 0), ("budget", budget, 1)):
+    if value < least:
+      raise ValueError(f"{name}: must be >= {least}; got {value}")
+  if vocab_size is not None and vocab_size < 1:
+    raise ValueError(f"vocab_size: must be >= 1; got {vocab_size}")
+  if strategy not in STRATEGIES:
+    raise ValueError(f"strategy: must be one of {STRATEGIES}; got {strategy!r}")
+  _shared(stages)
+  stateful = [stage.name for stage in stages if stage.init_state is not None]
+  if len(set(stateful)) < len(stateful):
+    raise ValueError(f"stages: stages that keep state need distinct names; got {stateful}")
+  first = next((i for i, stage in enumerate(stages) if stage.touches is None), len(stages))
+  late = [stage.name for stage in stages[first:] if stage.touches is not None]
+  if late:
+    raise ValueError(
+      f"stages: {late} act on the full row before the cut to candidates, so they must come before "
+      f"every other stage; got the order {[stage.name for stage in stages]}"
+    )
+
+
+def _shared(stages: tuple[Stage, ...]) -> None:
+  """Stages may share a setting (llama.cpp's one ``min_keep``), if they declare it alike.
+
+  The state holds one value per name, so the declarations must agree on
+  everything but ``help``; else which one ``init`` obeys would be arbitrary.
+  """
+  first: dict[str, tuple[str, Setting]] = {}
+  for stage in stages:
+    for setting in stage.settings:
+      owner, seen = first.setdefault(setting.name, (stage.name, setting))
+      differ = [f for f in Setting._fields if f != "help" and not _same(getattr(seen, f), getattr(setting, f))]
+      if differ:
+        raise ValueError(
+          f"stages: {owner!r} and {stage.name!r} both declare the setting {setting.name!r}, which is shared "
+          f"only when declared alike; they differ in {differ}"
+        )
+
+
+def _same(a, b) -> bool:
+  return a is b or (type(a) is type(b) and np.array_equal(np.asarray(a), np.asarray(b)))

@@ -14,8 +14,10 @@ Examples:
 import argparse
 import dataclasses
 import functools
+import json
 import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -83,15 +85,15 @@ class Stats:
     )
 
 
-def _prefill(sampler, model, tokens, lengths, state, size):
+def _prefill(sampler, model, tokens, lengths, state, mask, size):
   logits, cache = gemma3.prefill(model, tokens, lengths, size)
-  token, state = sampler.pick(logits, state)
+  token, state = sampler.pick(logits, state, mask=mask)
   return token, state, cache, logits
 
 
-def _step(sampler, model, token, position, cache, state):
+def _step(sampler, model, token, position, cache, state, mask):
   logits, cache = gemma3.decode(model, token, position, cache)
-  token, state = sampler.pick(logits, state)
+  token, state = sampler.pick(logits, state, mask=mask)
   return token, position + 1, cache, state
 
 
@@ -126,11 +128,13 @@ class Generator:
       check_length(len(row))
     return ids
 
-  def run(self, prompts: list[str], max_tokens: int, seed: int = 0, **settings):
+  def run(self, prompts: list[str], max_tokens: int, seed: int = 0, constraint=None, **settings):
     """Yields the batch's tokens, one ``[B]`` NumPy array per step, until every row has drawn EOS or
     ``max_tokens`` tokens (fewer if the context ends first). Row ``i`` draws with seed ``seed + i``.
 
-    ``self.stats`` holds the timings once the generator is exhausted or closed.
+    ``constraint`` (a :class:`jsample.structured.Constraint` with ``B`` rows) masks every draw with its grammar
+    and is advanced with the drawn tokens. ``self.stats`` holds the timings once the generator is exhausted or
+    closed.
     """
     ids = self.encode(prompts)
     batch, longest = len(ids), max(len(r) for r in ids)
@@ -143,13 +147,16 @@ class Generator:
       return
 
     start = time.perf_counter()
-    prefill, step = self._compile(tokens, lengths, state, size)
+    mask = None if constraint is None else constraint.mask()
+    prefill, step = self._compile(tokens, lengths, state, mask, size)
     stats.compile = time.perf_counter() - start
 
     start = time.perf_counter()
-    token, state, cache, logits = prefill(self.text.model, tokens, lengths, state)
+    token, state, cache, logits = prefill(self.text.model, tokens, lengths, state, mask)
     out = np.asarray(token)
     stats.prefill = time.perf_counter() - start
+    if constraint is not None:
+      constraint.advance(out)
     done = out == self.text.tokenizer.eos
     position = lengths
     try:
@@ -158,8 +165,12 @@ class Generator:
       for _ in range(max_tokens - 1):
         if done.all():
           break
-        token, position, cache, state = step(self.text.model, token, position, cache, state)
+        if constraint is not None:  # the matcher's one round trip: the tokens came back, the mask goes out
+          mask = constraint.mask()
+        token, position, cache, state = step(self.text.model, token, position, cache, state, mask)
         out = np.asarray(token)
+        if constraint is not None:
+          constraint.advance(out)
         stats.steps += 1
         done |= out == self.text.tokenizer.eos
         yield out
@@ -167,15 +178,16 @@ class Generator:
       stats.decode = time.perf_counter() - start if stats.steps else 0.0
       stats.sampler = self.time_sampler(logits, self.sampler.init(seed=np.arange(batch), prompt=ids, **settings))
 
-  def _compile(self, tokens, lengths, state, size: int):
+  def _compile(self, tokens, lengths, state, mask, size: int):
     """The compiled prefill and step for these shapes, compiled ahead so that no timing includes a compile."""
-    shapes = (tokens.shape, size, tuple((a.shape, str(a.dtype)) for a in jax.tree.leaves(state)))
+    shapes = (tokens.shape, size, tuple((a.shape, str(a.dtype)) for a in jax.tree.leaves((state, mask))))
     if shapes not in self._compiled:
-      prefill = self._prefill.lower(self.text.model, tokens, lengths, state, size=size).compile()
+      prefill = self._prefill.lower(self.text.model, tokens, lengths, state, mask, size=size).compile()
       token, _, cache, _ = jax.eval_shape(
-        functools.partial(self._prefill, size=size), self.text.model, tokens, lengths, state
+        functools.partial(self._prefill, size=size), self.text.model, tokens, lengths, state, mask
       )
-      self._compiled[shapes] = prefill, self._step.lower(self.text.model, token, lengths, cache, state).compile()
+      step = self._step.lower(self.text.model, token, lengths, cache, state, mask).compile()
+      self._compiled[shapes] = prefill, step
     return self._compiled[shapes]
 
   def time_sampler(self, logits: jax.Array, state: jsample.SamplerState, repeats: int = 20) -> float:
@@ -200,6 +212,15 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--max-tokens", type=int, default=64, metavar="N", help="tokens to generate per row (64)")
   p.add_argument("--seed", type=int, default=0, metavar="S", help="row i draws with seed S + i (0)")
   p.add_argument("--batch", type=int, default=1, metavar="N", help="rows generated together from the prompt (1)")
+  grammar = p.add_mutually_exclusive_group()
+  grammar.add_argument(
+    "--json-schema",
+    metavar="FILE",
+    help="the output is JSON valid under this schema (the structured extra: XGrammar); only it goes to stdout",
+  )
+  grammar.add_argument(
+    "--regex", metavar="PATTERN", help="the output matches this regular expression (the structured extra)"
+  )
   add_setting_flags(p, jsample.gemma().settings.values(), "the Gemma recipe's")
   return p
 
@@ -235,6 +256,18 @@ def main(argv=None) -> int:
     jsample.gemma().init(seed=np.arange(args.seed, args.seed + args.batch), **settings)
   except ValueError as error:
     cli.error(str(error))
+  grammar = args.json_schema is not None or args.regex is not None
+  if grammar:  # before the model loads: a missing extra or a bad schema is known at once
+    from jsample import structured
+
+    try:
+      structured.xgrammar()
+      schema = json.loads(Path(args.json_schema).read_text()) if args.json_schema is not None else None
+    except structured.MissingExtra as error:
+      print(f"jsample generate: {error}", file=sys.stderr)
+      return 1
+    except (OSError, ValueError) as error:
+      cli.error(f"--json-schema: {error}")
 
   start = time.perf_counter()
   try:
@@ -254,6 +287,16 @@ def main(argv=None) -> int:
     cli.error(str(error))
   if len(ids) + args.max_tokens > CONTEXT:
     print(f"[the context ends after {CONTEXT - len(ids)} new tokens: it holds {CONTEXT}]", file=sys.stderr)
+  constraint = None
+  if grammar:
+    try:
+      if schema is not None:
+        compiled = structured.compile_json_schema(schema, text.tokenizer)
+      else:
+        compiled = structured.compile_regex(args.regex, text.tokenizer)
+    except ValueError as error:
+      cli.error(str(error))
+    constraint = structured.Constraint(compiled, args.batch)
   compiling = "compiling the prefill and the decode step (about 30 s the first time; a few seconds once cached)"
   print(f"[loaded Gemma 3 270M in {loaded:.1f} s; {compiling}]", file=sys.stderr, flush=True)
 
@@ -261,9 +304,9 @@ def main(argv=None) -> int:
   rows: list[list[int]] = [[] for _ in prompts]
   stream = tokenizer.stream() if args.batch == 1 else None
   interrupted = False
-  run = gen.run(prompts, args.max_tokens, args.seed, **settings)
+  run = gen.run(prompts, args.max_tokens, args.seed, constraint, **settings)
   try:
-    if stream:
+    if stream and not grammar:  # structured output goes to stdout alone, ready for a parser
       print(args.prompt, end="", flush=True)
     for tokens in run:
       for row, token in zip(rows, tokens.tolist(), strict=True):
@@ -276,12 +319,18 @@ def main(argv=None) -> int:
     run.close()
   if stream:
     print(stream.flush())
+  elif grammar:  # one row per line (JSON Lines, for a schema)
+    for row in rows:
+      print(tokenizer.decode(row))
   else:
     for i, row in enumerate(rows):
       print(f"--- row {i} (seed {args.seed + i})\n{args.prompt}{tokenizer.decode(row)}")
   if interrupted:
     print("[interrupted]", file=sys.stderr)
+  unfinished = [] if constraint is None or interrupted else np.flatnonzero(~constraint.done).tolist()
+  if unfinished:  # the grammar was not complete when --max-tokens ran out: the text is only a prefix of a match
+    print(f"[rows {unfinished}: --max-tokens ended before the grammar was complete]", file=sys.stderr)
   stats = gen.stats
   compiled = f"compiled in {stats.compile:.1f} s; " if stats.compile else ""
   print(f"[{compiled}{stats.report()}]", file=sys.stderr)
-  return 130 if interrupted else 0
+  return 130 if interrupted else 1 if unfinished else 0

@@ -1,0 +1,124 @@
+"""Epsilon sampling: keep the tokens at least ``epsilon`` likely (transformers' ``EpsilonLogitsWarper``)."""
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jsample._src.stage import Candidates, Context, Setting, Settings, Stage, entropy, logsumexp
+from jsample._src.truncation import min_keep_setting
+
+
+def cutoff_setting(name: str, value: float, help: str) -> Setting:
+  """A probability floor in ``[0, 1)``; 0 turns its stage off (transformers' ``*_cutoff = 0.0``)."""
+  return Setting(name, value, jnp.float32, lambda v: (v >= 0) & (v < 1), "in [0, 1) (0: off)", 0.0, help)
+
+
+def kth(logits: jax.Array, least: jax.Array, complete: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """``(the min_keep-th best logit of candidates [K], whether it is known)``.
+
+  transformers keeps every token whose score reaches the ``min_tokens_to_keep``-th
+  best (ties included); ``min_keep`` 0 and 1 alike keep the best. Where fewer
+  candidates survive than that and others lie beyond them, it is unknown.
+  """
+  k = jnp.maximum(least, 1)
+  (size,) = logits.shape
+  alive = jnp.sum(logits > -jnp.inf)
+  desc = -jnp.sort(-logits)
+  value = jnp.where(k <= size, desc[jnp.clip(k - 1, 0, size - 1)], -jnp.inf)
+  return value, complete | (k <= alive)
+
+
+def row_kth(logits: jax.Array, least: jax.Array, ctx: Context) -> jax.Array:
+  """The ``min_keep``-th best logit of a full row ``[V]``, found without sorting it."""
+  alive = logits > -jnp.inf
+
+  def search():
+    # The shortest prefix in sampling order that holds `least` survivors ends at the k-th best.
+    keep = ctx.search(jnp.where(alive, logits, -jnp.inf), alive.astype(jnp.int32), least)
+    return jnp.min(jnp.where(keep & alive, logits, jnp.inf))
+
+  return lax.cond(least > 1, search, lambda: jnp.max(logits))
+
+
+def floor_stage(name: str, setting: Setting, min_keep: int, log_floor, row_stat=None) -> Stage:
+  """A stage that removes tokens with ``logit - log_z < log_floor(settings, H)`` unless among the ``min_keep`` best.
+
+  Args:
+    name: the stage's name.
+    setting: its cutoff, 0 off.
+    min_keep: the default of the shared ``min_keep``.
+    log_floor: ``(settings, entropy or None) -> log of the probability floor``.
+    row_stat: the stage's :attr:`Stage.row_stat`, when the floor needs the
+      row's entropy (eta); None when it does not (epsilon).
+  """
+  cut = setting.name
+  wants_entropy = row_stat is not None
+
+  def on_candidates(c: Candidates, s: Settings, ctx: Context) -> Candidates:
+    off = ~(s[cut] > 0)
+    log_z, known = c.log_normaliser()
+    if wants_entropy:
+      stat = jnp.float32(jnp.nan) if ctx.stat is None else ctx.stat
+      h = jnp.where(c.complete, entropy(c.logits, log_z), stat)
+      known = c.complete | (c.log_z_known & (ctx.stat is not None))
+      floor = log_floor(s, h)
+    else:
+      floor = log_floor(s, None)
+    top, top_known = kth(c.logits, s["min_keep"], c.complete)
+    keep = (c.logits - log_z >= floor) | (c.logits >= top)
+    # Tokens beyond the candidates rank at or below the last one: if it falls, so do they.
+    last_out = (c.logits[-1] - log_z < floor) & (c.logits[-1] < top)
+    done = c.complete | (known & top_known & last_out)
+    return c.keep(keep | off)._replace(
+      complete=jnp.where(off, c.complete, done),
+      log_z_known=c.log_z_known & off,  # removing tokens changes the row's normaliser
+      exact=c.exact & (off | (known & top_known & done)),
+    )
+
+  def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
+    def apply():
+      log_z = logsumexp(logits)
+      floor = log_floor(s, entropy(logits, log_z) if wants_entropy else None)
+      keep = (logits - log_z >= floor) | (logits >= row_kth(logits, s["min_keep"], ctx))
+      return jnp.where(keep, logits, -jnp.inf)
+
+    return lax.cond(s[cut] > 0, apply, lambda: logits)
+
+  return Stage(
+    name,
+    (setting, min_keep_setting(min_keep)),
+    on_candidates,
+    on_row,
+    keeps_best=lambda s: jnp.bool_(True),  # the best token always reaches the min_keep-th best
+    row_stat=row_stat,
+  )
+
+
+def epsilon(cutoff: float = 0.0, min_keep: int = 0) -> Stage:
+  """Epsilon sampling: removes the tokens less likely than ``epsilon_cutoff``.
+
+  A token survives if ``p_i >= epsilon_cutoff`` (``p`` the softmax of the
+  current survivors) or its logit reaches the ``min_keep``-th best (ties
+  included; ``min_keep`` 0 and 1 keep the best), as transformers'
+  ``EpsilonLogitsWarper`` with ``min_tokens_to_keep = max(min_keep, 1)``.
+  ``0`` is off. The test is ``logit - log Z >= log epsilon`` in float32.
+
+  Args:
+    cutoff: ``epsilon_cutoff``, in ``[0, 1)``; 0 is off.
+    min_keep: ``min_keep``, shared with the other stages that take it.
+
+  Returns:
+    A :class:`Stage`.
+
+  Examples:
+    >>> import jax.numpy as jnp, jsample
+    >>> sampler = jsample.chain(jsample.epsilon(0.1), jsample.temperature(1.0))
+    >>> logits = jnp.log(jnp.array([0.5, 0.3, 0.15, 0.05]))
+    >>> [round(float(v), 3) for v in sampler.probs(logits, sampler.init(seed=0))]
+    [0.526, 0.316, 0.158, 0.0]
+
+  References:
+    Hewitt et al., 2022, "Truncation Sampling as Language Model Desmoothing".
+  """
+  setting = cutoff_setting("epsilon_cutoff", cutoff, "epsilon sampling: drop tokens less likely than this (0: off)")
+  return floor_stage("epsilon", setting, min_keep, lambda s, h: jnp.log(s["epsilon_cutoff"]))

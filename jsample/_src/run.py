@@ -1,0 +1,194 @@
+"""One call of a sampler: check and batch the inputs, choose each row's path, draw, advance the state.
+
+:class:`Sampler`'s methods delegate here; every function takes the sampler
+first and works on a batch of rows (one row gets a batch axis of one).
+"""
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jsample._src import checked, draw, logprobs, noise, paths, validation
+from jsample._src import strategy as strategies
+from jsample._src.draw import Draw
+from jsample._src.state import SamplerState, append
+
+
+def one_row_or_batch(sampler, method, logits, state: SamplerState, inputs: dict, **static):
+  """``method(sampler, logits, state, inputs)``; for one row ``[V]``, with a batching rule of its own.
+
+  Under ``jax.vmap(sampler.pick)`` JAX would otherwise map the one-row
+  program over the rows, and its conditionals would become selects that run
+  every branch (the full-vocabulary path included) for every row. The rule
+  runs the batched call instead: the same tokens, at the batched call's cost.
+  """
+  call = functools.partial(method, sampler, **static)
+  if jnp.ndim(logits) != 1 or sampler.checking:  # checkify does not cross a custom batching rule
+    return call(logits, state, inputs)
+  inputs = {name: value for name, value in inputs.items() if value is not None}
+
+  @jax.custom_batching.custom_vmap
+  def one_row(logits, state, inputs):
+    return call(logits, state, inputs)
+
+  @one_row.def_vmap
+  def rows(axis_size, in_batched, logits, state, inputs):
+    def spread(value, batched):
+      return value if batched else jnp.broadcast_to(value, (axis_size,) + jnp.shape(value))
+
+    args = jax.tree.map(spread, (logits, state, inputs), tuple(in_batched))
+    out = call(*args)
+    return out, jax.tree.map(lambda _: True, out)
+
+  return one_row(logits, state, inputs)
+
+
+def draws(
+  sampler, logits, state: SamplerState, inputs: dict, *, logprob: bool, top_logprobs: int | None = None
+) -> tuple[Draw, SamplerState]:
+  """The draw of every row, and the state after it; with ``top_logprobs``, also :class:`Logprobs`
+  (``inputs["top_logprobs"]``, if given, is each row's own number of alternatives)."""
+  (raw, mask), rows, single, plan = prepare(sampler, logits, state, inputs)
+  # pick drops the log-probability, and on a full row it costs an exp per token.
+  needs_logprob = logprob or any(stage.update is not None for stage in sampler.stages)
+
+  def fast(cands):
+    return jax.vmap(draw.on_candidates)(cands.logits, cands.ids, rows.bits)
+
+  def slow(raw, mask, row):
+    final = paths.full_row(sampler.stages, raw, mask, row, plan)
+    return draw.on_row(final, row.bits, plan.race_row, logprob=needs_logprob)
+
+  drawn = decide(sampler, raw, mask, rows, plan, fast, slow)
+  if top_logprobs is not None:
+    per_row = rows.inputs.get("top_logprobs")
+    drawn = drawn._replace(raw=logprobs.of(raw, drawn.token, drawn.valid, top_logprobs, per_row, plan))
+  if sampler.checking:
+    checked.drawn(sampler, drawn.valid)
+  state = advance(sampler, _batched(state, single), drawn, rows.inputs, raw.shape[-1])
+  if single:
+    drawn, state = jax.tree.map(lambda a: a[0], (drawn, state))
+  return drawn, state
+
+
+def probs(sampler, logits, state: SamplerState, inputs: dict) -> jax.Array:
+  """The distribution each row's draw uses, ``[B, V]``."""
+  (raw, mask), rows, single, plan = prepare(sampler, logits, state, inputs)
+  vocab = raw.shape[-1]
+
+  def spread(cands):
+    return jax.vmap(lambda x, ids: jnp.zeros(vocab, jnp.float32).at[ids].set(draw.softmax(x), mode="drop"))(
+      cands.logits, cands.ids
+    )
+
+  def slow(raw, mask, row):
+    return draw.softmax(paths.full_row(sampler.stages, raw, mask, row, plan))
+
+  out = decide(sampler, raw, mask, rows, plan, spread, slow)
+  return out[0] if single else out
+
+
+def views(sampler, logits, state: SamplerState, inputs: dict, top: int) -> list[tuple[str, Any]]:
+  """``(name, (survivors, entropy, ids, probs))`` for the input row and after each stage, on the full path."""
+  (raw, mask), rows, single, plan = prepare(sampler, logits, state, inputs)
+  vocab = raw.shape[-1]
+  n = min(top, vocab)
+
+  def one(raw, mask, row):
+    x = paths.full_row((), raw, mask, row, plan)
+    seen = [_view(x, n)]
+    for stage in sampler.stages:
+      x = stage.on_row(x, row.settings, paths.context(stage, row, vocab, plan))
+      seen.append(_view(x, n))
+    return seen
+
+  seen = jax.vmap(one)(raw, mask, rows)
+  if single:
+    seen = jax.tree.map(lambda a: a[0], seen)
+  names = ("input",) + tuple(stage.name for stage in sampler.stages)
+  return list(zip(names, seen, strict=True))
+
+
+def decide(sampler, raw, mask, rows: paths.Rows, plan: strategies.Strategy, fast, slow):
+  """``fast(candidates)`` for the rows the candidates decide, ``slow(row)`` for the others."""
+
+  def chain():
+    (first, ok), refine = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, plan)
+
+    def refined():
+      cands, better = refine()
+      return fast(cands), better
+
+    return plan.decide(ok, fast(first), refined, slow, raw, mask, rows)
+
+  greedy = paths.greedy(sampler.stages, rows, raw.shape[-1], plan)
+  if greedy is None or not raw.shape[0]:
+    return chain()
+  # A batch of greedy rows needs the best token of each row, one pass: no cut, no search.
+  return lax.cond(jnp.all(greedy), lambda: fast(paths.best(raw, mask, plan)), chain)
+
+
+def advance(sampler, state: SamplerState, drawn: Draw, inputs: dict, vocab: int) -> SamplerState:
+  """Accepts the drawn tokens and updates the stages' own state; batched rows."""
+  # A row where nothing survived still advances, with an empty window slot.
+  accepted = jnp.where(drawn.valid, drawn.token, -1)
+  stages = dict(state.stages)
+  updating = [stage for stage in sampler.stages if stage.update is not None]
+  if updating:
+    bits = jax.vmap(noise.step_bits)(state.key, state.position)
+    rows = paths.Rows(state.settings, state.window, state.position, bits, inputs, state.stages)
+    plan = strategies.resolve(sampler.strategy)
+
+    def update(stage, row, token, logprob):
+      ctx = paths.context(stage, row, vocab, plan)
+      return stage.update(ctx.state, token, logprob, row.settings, ctx)
+
+    for stage in updating:
+      stages[stage.name] = jax.vmap(lambda r, t, lp, s=stage: update(s, r, t, lp))(rows, accepted, drawn.logprob)
+  window, position = jax.vmap(append)(state.window, state.position, accepted)
+  return state._replace(window=window, position=position, stages=stages)
+
+
+def prepare(sampler, logits, state: SamplerState, inputs: dict):
+  """Checks the inputs; returns ``((raw, mask), rows, single, strategy)`` with a batch axis.
+
+  The logits stay as given: each reader cleans what it reads (see
+  :func:`cut.clean`), so no float32 copy of the batch is ever written.
+  """
+  logits = jnp.asarray(logits)
+  validation.logits(logits, sampler.vocab_size)
+  if state.position.shape != logits.shape[:-1]:
+    raise ValueError(
+      f"state: holds rows of shape {state.position.shape}, logits {logits.shape} need {logits.shape[:-1]}"
+    )
+  given = {name: jnp.asarray(value) for name, value in inputs.items() if value is not None}
+  declared = sampler.inputs
+  validation.inputs(given, declared, logits.shape)
+  missing = sorted(set(declared) - set(given))
+  if missing:
+    raise ValueError(f"{missing[0]}: the stage {declared[missing[0]]!r} needs this input; pass it to the call")
+  # Window ids outside the vocabulary count for no token; say so where they can be seen.
+  validation.tokens("state.window", state.window, logits.shape[-1], lowest=-1)
+  if sampler.checking:
+    checked.inputs(sampler, logits, state)
+  single = logits.ndim == 1
+  if single:
+    logits, given, state = jax.tree.map(lambda a: a[None], (logits, given, state))
+  mask = given.pop("mask", None)
+  bits = jax.vmap(noise.step_bits)(state.key, state.position)
+  rows = paths.Rows(state.settings, state.window, state.position, bits, given, state.stages)
+  return (logits, mask), rows, single, strategies.resolve(sampler.strategy)
+
+
+def _batched(state: SamplerState, single: bool) -> SamplerState:
+  return jax.tree.map(lambda a: a[None], state) if single else state
+
+
+def _view(x: jax.Array, n: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  p = draw.softmax(x)
+  entropy = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0))
+  best, ids = lax.top_k(p, n)
+  return jnp.sum(x > -jnp.inf, dtype=jnp.int32), entropy, ids.astype(jnp.int32), best
