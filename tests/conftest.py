@@ -4,7 +4,9 @@ from pathlib import Path
 import jax
 import pytest
 
+import jsample.testing
 from bench import reference
+from jsample._src import strategy as strategies
 
 # equinox's strictness: a silent [B] x [B, V] broadcast or an implicit dtype
 # promotion fails the suite instead of producing a wrong token.
@@ -13,14 +15,16 @@ jax.config.update("jax_numpy_dtype_promotion", "strict")
 
 
 def compilation_cache() -> str | None:
-  """Where the suite keeps compiled programs between runs: ``$JSAMPLE_TEST_CACHE``, else
-  ``~/.cache/jsample-tests``; None when that variable is ``0`` or empty, or when JAX was
-  given a cache directory of its own (``JAX_COMPILATION_CACHE_DIR``)."""
+  """Where the suite keeps compiled programs between runs: ``$JSAMPLE_TEST_CACHE`` if set (not ``0`` or empty),
+  else nowhere; None too when JAX was given a cache directory of its own (``JAX_COMPILATION_CACHE_DIR``).
+
+  Opt-in: a first run gains nothing from it (the same test files took 311 s with a fresh cache, 305 s without),
+  and writing a fresh cache crashed XLA (a segfault in ``executable.serialize()``, test_gemma3 after 518
+  tests, on CI and here alike). A rerun with a warm cache skips most of the compile time.
+  """
   if jax.config.jax_compilation_cache_dir is not None:
     return None
-  where = os.environ.get("JSAMPLE_TEST_CACHE")
-  if where is None:
-    return str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "jsample-tests")
+  where = os.environ.get("JSAMPLE_TEST_CACHE", "")
   return None if where in ("", "0") else where
 
 
@@ -48,3 +52,12 @@ def reference_file():
     return path
 
   return find
+
+
+@pytest.fixture(params=jsample.testing.STRATEGIES)
+def every_strategy(request, monkeypatch):
+  """Runs the test once per strategy: a sampler built with ``strategy="auto"`` (the default) resolves to each in
+  turn. Use it with ``pytestmark = pytest.mark.usefixtures("every_strategy")``."""
+  real = strategies.resolve
+  monkeypatch.setattr(strategies, "resolve", lambda name: real(request.param if name == "auto" else name))
+  return request.param

@@ -1,10 +1,14 @@
 """What the test modules share, so that none imports another: neutral settings, random
 rows and settings (seeded NumPy), and the chain against the float64 reference
-(``tests/reference.py``) with the full-vocabulary path run alone.
+(``tests/reference.py``) with the full-vocabulary path run alone, the chi-square test of
+seeded draws, and a jaxpr's equations.
 """
 
+import jax
+import jax.extend
 import ml_dtypes
 import numpy as np
+from scipy import stats
 
 import jsample.testing
 from tests import reference
@@ -205,3 +209,38 @@ def check_against_reference(outputs, xs, all_settings, prompts, stages_of):
         expected = np.where(got, np.exp(final - final[got].max()), 0.0)
         expected /= expected.sum()
       np.testing.assert_allclose(probs[i], expected, atol=1e-6, err_msg=f"row {i}: probabilities, settings {s}")
+
+
+# -- statistics ----------------------------------------------------------------------------
+
+
+def chi_square(counts: np.ndarray, expected_probs: np.ndarray) -> float:
+  """The p-value of the counts against the expected probabilities (sparse bins pooled)."""
+  expected = expected_probs / expected_probs.sum() * counts.sum()
+  big = expected >= 5
+  observed = np.append(counts[big], counts[~big].sum())
+  wanted = np.append(expected[big], expected[~big].sum())
+  if wanted[-1] == 0:
+    observed, wanted = observed[:-1], wanted[:-1]
+  return stats.chisquare(observed, wanted).pvalue
+
+
+# -- jaxprs ---------------------------------------------------------------------------------
+
+
+def equations(jaxpr) -> list:
+  """Every equation of a jaxpr, those of sub-jaxprs (branches, bodies) included."""
+  eqns = []
+  for eqn in jaxpr.eqns:
+    eqns.append(eqn)
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, list | tuple) else [value]:
+        if isinstance(sub, jax.extend.core.ClosedJaxpr):
+          eqns += equations(sub.jaxpr)
+        elif isinstance(sub, jax.extend.core.Jaxpr):
+          eqns += equations(sub)
+  return eqns
+
+
+def primitives(jaxpr) -> list[str]:
+  return [eqn.primitive.name for eqn in equations(jaxpr)]

@@ -6,7 +6,7 @@ llama.cpp (that is the spec); everything else in float64.
 
 Stages are ``(name, value)`` pairs: ``("penalties", dict(repeat=, frequency=,
 presence=, last_n=))``, ``("top_k", k)``, ``("top_p", p)``, ``("min_p", p)``,
-``("temperature", t)``.
+``("temperature", t)``; top-p and min-p also take ``(p, min_keep)``.
 """
 
 import numpy as np
@@ -62,17 +62,20 @@ def survivors_and_logits(logits, stages, *, window=(), mask=None, nudge=0.0):
       if 0 < value < x.size:
         alive[order[value:]] = False
     elif name == "top_p":
+      value, least = value if isinstance(value, tuple) else (value, 0)
       p = value * (1 + nudge)
       if value < 1:
         probs = np.exp(y[order] - np.max(y[order]))
         probs /= probs.sum()
-        reached = np.nonzero(np.cumsum(probs) >= p)[0]
+        reached = np.nonzero((np.cumsum(probs) >= p) & (np.arange(order.size) + 1 >= least))[0]
         if reached.size:
           alive[order[reached[0] + 1 :]] = False
     elif name == "min_p":
+      value, least = value if isinstance(value, tuple) else (value, 0)
       p = value * (1 - nudge)
       if p > 0:
         alive &= y >= y[order[0]] + np.log(p)
+        alive[order[:least]] = True
     elif name == "temperature":
       if value <= 0:
         alive[order[1:]] = False

@@ -8,6 +8,8 @@ import pytest
 import jsample
 from tests.helpers import WINDOW, batch, check_against_reference, full_path_probs, hf_stages, llama_stages
 
+pytestmark = pytest.mark.usefixtures("every_strategy")  # conftest.py: each test under both strategies
+
 
 @pytest.mark.parametrize("recipe, stages_of", [(jsample.llama_cpp, llama_stages), (jsample.hf, hf_stages)])
 @pytest.mark.parametrize("vocab, size", [(8, 600), (33, 600), (100, 600), (1000, 480), (4096, 240)])

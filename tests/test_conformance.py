@@ -28,8 +28,32 @@ def _penalty_weights(s: dict) -> dict:
 # Settings away from float32 rounding boundaries (the reference is float64).
 CASES = {
   "top_k": (jsample.top_k(), "top_k", [dict(top_k=1), dict(top_k=7), dict(top_k=0), dict(top_k=400)]),
-  "top_p": (jsample.top_p(), "top_p", [dict(top_p=0.5123), dict(top_p=1.0), dict(top_p=0.9071), dict(top_p=1e-4)]),
-  "min_p": (jsample.min_p(), "min_p", [dict(min_p=0.0513), dict(min_p=0.0), dict(min_p=0.3071), dict(min_p=1.0)]),
+  "top_p": (
+    jsample.top_p(),
+    "top_p",
+    [
+      dict(top_p=0.5123, min_keep=0),
+      dict(top_p=1.0, min_keep=0),
+      dict(top_p=0.9071, min_keep=0),
+      dict(top_p=1e-4, min_keep=0),
+      dict(top_p=0.3017, min_keep=6),
+      dict(top_p=1e-4, min_keep=1),
+      dict(top_p=0.7013, min_keep=400),
+    ],
+  ),
+  "min_p": (
+    jsample.min_p(),
+    "min_p",
+    [
+      dict(min_p=0.0513, min_keep=0),
+      dict(min_p=0.0, min_keep=0),
+      dict(min_p=0.3071, min_keep=0),
+      dict(min_p=1.0, min_keep=0),
+      dict(min_p=0.6017, min_keep=5),
+      dict(min_p=1.0, min_keep=2),
+      dict(min_p=0.2011, min_keep=400),
+    ],
+  ),
   "temperature": (
     jsample.temperature(),
     "temperature",
@@ -62,7 +86,7 @@ def test_builtin_stage_conforms(name):
   if setting is None:
     ref = _one_stage("penalties", _penalty_weights)
   else:
-    ref = _one_stage(name, lambda s, setting=setting: s[setting])
+    ref = _one_stage(name, lambda s, setting=setting: (s[setting], s["min_keep"]) if "min_keep" in s else s[setting])
   jsample.testing.assert_stage_conforms(stage, ref, settings)
 
 

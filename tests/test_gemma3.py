@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import jsample
 from jsample.models import gemma3, generate, text, tokenizer, weights
 
 pytestmark = pytest.mark.slow
@@ -48,6 +49,14 @@ def test_tokenizer_gives_llama_cpps_ids(loaded, reference):
 def test_tokenizer_decodes_llama_cpps_continuations(loaded, reference):
   for prompt in reference:
     assert loaded.tokenizer.decode(prompt["greedy16"]) == prompt["greedy16_text"]
+
+
+def test_default_dry_breakers_become_llama_cpps_token_sequences(loaded):
+  # shared/reference/llamacpp-samplers.md: llama.cpp's default breakers give Gemma 1331 single-token heads, among
+  # them '):' 1473, '\n\n' 108 and ' :' 1017, and no tails.
+  got = jsample.dry_breaker_sequences(["\n", ":", '"', "*"], loaded.tokenizer)
+  assert len(got) == 1331 and all(len(sequence) == 1 for sequence in got)
+  assert {1473, 108, 1017} <= {sequence[0] for sequence in got}
 
 
 @pytest.mark.parametrize(

@@ -6,12 +6,14 @@ Refactors must keep these bit for bit. A change that alters tokens on purpose
 ``python3 -m tests.test_golden`` rewrites ``tests/golden.npz``.
 """
 
+import dataclasses
 import pathlib
 
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+import pytest
 
 import jsample
 from tests.helpers import KINDS, row, settings
@@ -78,15 +80,26 @@ def record() -> None:
   np.savez_compressed(GOLDEN, **arrays)
 
 
-def test_golden_tokens_are_unchanged():
+@pytest.mark.parametrize("strategy", ["cpu", "accelerator"])
+def test_golden_tokens_are_unchanged(strategy):
+  """Both strategies draw the recorded tokens, row by row: the same answer on either side of the seam."""
   golden = np.load(GOLDEN)
   names = []
-  for name, *case in cases():
+  for name, sampler, *case in cases():
     names.append(name)
-    token, valid, logprob = run_case(*case)
+    token, valid, logprob = run_case(dataclasses.replace(sampler, strategy=strategy), *case)
     np.testing.assert_array_equal(token, golden[f"{name}/token"], err_msg=name)
     np.testing.assert_array_equal(valid, golden[f"{name}/valid"], err_msg=name)
-    np.testing.assert_allclose(logprob, golden[f"{name}/logprob"], rtol=1e-6, atol=1e-6, err_msg=name)
+    want = golden[f"{name}/logprob"]
+    if strategy == "accelerator":
+      # Flat and tied rows put top-p's boundary on an exact float32 tie (950
+      # tokens of 0.001 against p = 0.95); the strategies add the mass (or the
+      # log-normaliser) in different orders, so one more survivor may come in:
+      # a logprob moves by up to 1/39, no token moves.
+      tied = np.array([KINDS[i % len(KINDS)] in ("flat", "ties") for i in range(BATCH)])
+      np.testing.assert_allclose(logprob[:, tied], want[:, tied], atol=0.03, err_msg=name)
+      logprob, want = logprob[:, ~tied], want[:, ~tied]
+    np.testing.assert_allclose(logprob, want, rtol=1e-6, atol=1e-6, err_msg=name)
   assert sorted(f"{n}/token" for n in names) == sorted(k for k in golden.files if k.endswith("/token"))
 
 

@@ -76,12 +76,18 @@ CONFIGS = [
   ("min_p", 7, "packed"),
   ("temperature", 100, "bool"),
   ("penalties", 33, None),
+  # the accelerator strategy, batched and branch-free, on a CPU
+  ("llama_cpp@accelerator", 100, "packed"),
+  ("hf@accelerator", 1000, "bool"),
+  ("custom@accelerator", 33, None),
 ]
 
 
 @functools.cache
 def sampler(chain: str, candidates: int = 8):
-  return CHAINS[chain](window_size=WINDOW, budget=candidates)
+  """``chain`` names a recipe of CHAINS, with ``@accelerator`` for that strategy (the default: the machine's)."""
+  name, _, strategy = chain.partition("@")
+  return CHAINS[name](window_size=WINDOW, budget=candidates, **({"strategy": strategy} if strategy else {}))
 
 
 @functools.cache
@@ -135,7 +141,7 @@ def batches(draw, vocab: int, masked: bool, live: int = ROWS):
 
 def init(chain: str, settings: list[dict], prompts: list, candidates: int = 8):
   s = sampler(chain, candidates)
-  per_row = {name: np.array([row[name] for row in settings]) for name in s.settings}
+  per_row = {name: np.array([row[name] for row in settings]) for name in s.settings if name in settings[0]}
   return s.init(seed=np.arange(len(settings)) * 31 + 7, prompt=prompts, **per_row)
 
 
@@ -145,9 +151,15 @@ def form(allowed, kind):
   return jnp.asarray(allowed) if kind == "bool" else jsample.pack_mask(allowed)
 
 
+# The stages the reference runs; the recipes' others (DRY, typical, XTC, ...) stay at their neutral defaults here.
+MODELLED = ("penalties", "top_k", "top_p", "min_p", "temperature")
+
+
 def reference_stages(chain: str, row: dict) -> list:
   stages = []
   for stage in sampler(chain).stages:
+    if stage.name not in MODELLED:
+      continue
     if stage.name == "penalties":
       names = dict(repeat="repeat_penalty", frequency="frequency_penalty", presence="presence_penalty")
       value = {k: row[v] for k, v in names.items()} | dict(last_n=row["penalty_last_n"])
@@ -275,7 +287,9 @@ def picker(chain: str, candidates: int):
   return jax.jit(lambda x, state, mask: s.pick(x, state, mask)[0])
 
 
-@pytest.mark.parametrize("chain, vocab", [("llama_cpp", 33), ("hf", 100), ("custom", 7)], ids=str)
+@pytest.mark.parametrize(
+  "chain, vocab", [("llama_cpp", 33), ("hf", 100), ("custom", 7), ("llama_cpp@accelerator", 100)], ids=str
+)
 def test_a_rows_token_is_its_own(chain, vocab):
   """Batch composition, slot, batch size, candidate budget, jit and the mask form
   never change a row's token."""
@@ -306,6 +320,36 @@ def test_a_rows_token_is_its_own(chain, vocab):
     assert int(single(chain)(xs[i], alone, bools[i])) == tokens[i]
 
   check()
+
+
+def test_a_stage_skipped_for_the_batch_leaves_each_rows_token_alone():
+  """The CPU strategy skips a stage that every row of the batch has off (``Stage.off``): a row's token, log-prob
+  and probabilities are the same, bit for bit, beside rows with every llama.cpp stage off or on."""
+  vocab, live = 1000, len(FUZZ_KINDS)
+  rng = np.random.default_rng(3)
+  x = np.stack([fuzz_row(rng, vocab, kind) for kind in FUZZ_KINDS] + [rng.normal(0, 3, vocab).astype(np.float32)])
+  prompts = [[int(t) for t in rng.integers(0, 40, 2 * WINDOW)] for _ in range(live + 1)]
+  on = dict(
+    repeat_penalty=1.3,
+    dry_multiplier=0.8,
+    top_n_sigma=2.0,
+    typical_p=0.9,
+    xtc_probability=0.5,
+    xtc_threshold=0.1,
+    mirostat=2,
+  )
+  s = jsample.llama_cpp(window_size=WINDOW, budget=8, strategy="cpu")
+  bias = np.full((live + 1, 16), -1, np.int32)
+  bias[live, 0] = 5
+  values = {k: [s.settings[k].default] * live + [v] for k, v in on.items()}
+  mixed = s.init(seed=np.arange(live + 1), prompt=prompts, logit_bias_ids=bias, **values)
+  alone = jax.tree.map(lambda a: a[:live], mixed)
+  run = jax.jit(lambda x, state: (s.probs(x, state), s.pick_with_info(x, state)[0]))
+  probs, drawn = run(jnp.asarray(x), mixed)
+  skipped_probs, skipped = run(jnp.asarray(x[:live]), alone)
+  np.testing.assert_array_equal(np.asarray(skipped.token), np.asarray(drawn.token)[:live])
+  np.testing.assert_array_equal(np.asarray(skipped.logprob), np.asarray(drawn.logprob)[:live])
+  np.testing.assert_array_equal(np.asarray(skipped_probs), np.asarray(probs)[:live])
 
 
 def test_eager_equals_jit():

@@ -36,9 +36,24 @@ def logits(reference_file):
 @pytest.mark.parametrize("recipe, stages_of", [(jsample.llama_cpp, llama_stages), (jsample.hf, hf_stages)])
 @pytest.mark.parametrize("settings", SETTINGS, ids=str)
 def test_real_rows_match_the_reference(logits, recipe, stages_of, settings):
+  check_real_rows(logits, recipe(window_size=WINDOW), stages_of, settings)
+
+
+# The accelerator strategy on a CPU runs every row's unrolled searches over all of V: two cases, one decided on
+# candidates (llama.cpp's defaults) and one on the full path (temperature first, top-k off).
+@pytest.mark.parametrize(
+  "recipe, stages_of, settings",
+  [(jsample.llama_cpp, llama_stages, SETTINGS[0]), (jsample.hf, hf_stages, SETTINGS[3])],
+  ids=["llama_cpp-defaults", "hf-temperature-first"],
+)
+def test_real_rows_match_the_reference_on_the_accelerator_strategy(logits, recipe, stages_of, settings):
+  check_real_rows(logits, recipe(window_size=WINDOW, strategy="accelerator"), stages_of, settings)
+
+
+def check_real_rows(logits, sampler, stages_of, settings):
+  """Probabilities of both paths against the reference, and the tokens of both paths alike."""
   size = logits.shape[0]
   prompts = [[int(t) for t in np.argsort(-row.astype(np.float32))[i % 3 : i % 3 + 6]] for i, row in enumerate(logits)]
-  sampler = recipe(window_size=WINDOW)
   state = sampler.init(seed=np.arange(size), prompt=prompts, **settings)
   x = jnp.asarray(logits)  # float16, as recorded
   probs = jax.jit(sampler.probs)(x, state)

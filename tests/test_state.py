@@ -49,7 +49,7 @@ def test_init_scalar_settings_give_one_row():
   np.testing.assert_array_equal(state.window, -1)
   assert set(state.settings) == set(SAMPLER.settings)
   for name, setting in SAMPLER.settings.items():
-    assert state.settings[name].shape == (), name
+    assert state.settings[name].shape == setting.shape, name  # vector settings keep their [N]
     assert state.settings[name].dtype == setting.dtype, name
   assert float(state.settings["temperature"]) == 0.5
   assert int(state.settings["top_k"]) == 7
@@ -75,10 +75,11 @@ def test_init_per_row_values_give_a_batch(kwargs, rows):
   assert state.position.shape == (rows,) and state.position.dtype == jnp.int32
   assert state.window.shape == (rows, W) and state.window.dtype == jnp.int32
   for name, setting in SAMPLER.settings.items():
-    assert state.settings[name].shape == (rows,), name
+    shape = (rows, *setting.shape)  # vector settings (logit-bias ids, DRY breakers) keep their [N]
+    assert state.settings[name].shape == shape, name
     assert state.settings[name].dtype == setting.dtype, name
     given = kwargs.get(name, setting.default)
-    np.testing.assert_allclose(state.settings[name], np.broadcast_to(np.asarray(given, np.float32), (rows,)), rtol=1e-6)
+    np.testing.assert_allclose(state.settings[name], np.broadcast_to(np.asarray(given, np.float32), shape), rtol=1e-6)
   seeds = np.broadcast_to(kwargs.get("seed", 0), (rows,))
   for row, seed in enumerate(seeds):
     np.testing.assert_array_equal(key_data(state)[row], jax.random.key_data(jax.random.key(int(seed))))
@@ -118,8 +119,15 @@ def test_recipe_defaults(recipe, defaults):
   assert sampler.window_size == 64
   state = sampler.init(seed=0)
   assert state.window.shape == (64,)
-  assert set(state.settings) == set(defaults) | set(NEUTRAL_PENALTIES)
-  for name, value in {**defaults, **NEUTRAL_PENALTIES}.items():
+  dynatemp_off = dict(dynatemp_range=0.0, dynatemp_exponent=1.0)
+  # Every other stage of the recipe is neutral by default (tests/test_recipes.py checks the orders).
+  assert set(defaults) | set(NEUTRAL_PENALTIES) | set(dynatemp_off) <= set(state.settings)
+  off = dict(dry_multiplier=0.0, top_n_sigma=-1.0, typical_p=1.0, xtc_probability=0.0, mirostat=0)
+  off.update(epsilon_cutoff=0.0, eta_cutoff=0.0, logit_bias_ids=-1, banned_token_ids=-1, min_tokens=0)
+  for name, value in off.items():
+    if name in state.settings:
+      np.testing.assert_array_equal(state.settings[name], np.broadcast_to(value, state.settings[name].shape), name)
+  for name, value in {**defaults, **NEUTRAL_PENALTIES, **dynatemp_off}.items():
     np.testing.assert_allclose(state.settings[name], value, rtol=1e-7, err_msg=name)
 
 
@@ -305,10 +313,16 @@ def test_configure_under_jit_does_not_recompile():
   np.testing.assert_array_equal(greedy.settings["temperature"], 0.0)
   assert_same_state(greedy, SAMPLER.configure(state, temperature=np.zeros(ROWS, np.float32)))
   logits = jnp.asarray(np.random.default_rng(2).normal(size=(ROWS, V)), jnp.float32)
-  PICK(logits, state)
-  compiled = PICK._cache_size()
-  tokens, _ = PICK(logits, greedy)
-  assert PICK._cache_size() == compiled
+  traces = []
+
+  def counted(x, state):
+    traces.append(1)  # runs once per trace, i.e. per compilation
+    return SAMPLER.pick(x, state)
+
+  pick = jax.jit(counted)
+  pick(logits, state)
+  tokens, _ = pick(logits, greedy)
+  assert len(traces) == 1
   np.testing.assert_array_equal(tokens, np.argmax(np.asarray(logits), axis=-1))
 
 
@@ -363,3 +377,38 @@ def test_drawn_tokens_are_penalised_at_the_next_step():
   second, state = PICK(logits, state)
   np.testing.assert_array_equal(first, 2)
   np.testing.assert_array_equal(second, [1] * 4 + [2] * 4)
+
+
+@pytest.mark.parametrize("strategy", ["cpu", "accelerator"])
+def test_fork_gives_n_samples_per_row_as_separate_rows_with_derived_streams(strategy):
+  """Copy j of row i draws what a row of its own with the key fold_in(key_i, j) draws, step after step."""
+  rng = np.random.default_rng(8)
+  batch, n, vocab = 3, 4, 400
+  sampler = jsample.llama_cpp(strategy=strategy, window_size=8)
+  prompt = rng.integers(0, vocab, (batch, 5))
+  state = sampler.init(seed=[5, 6, 7], prompt=prompt, temperature=[0.7, 1.2, 1.0], top_k=[0, 40, 10])
+  forked = sampler.fork(state, n)
+  assert forked.position.shape == (batch * n,)
+  step = jax.jit(sampler.pick)
+  alone = [
+    sampler.configure(
+      sampler.init(key=jax.random.fold_in(jax.random.key(5 + i), j), prompt=prompt[i]),
+      temperature=[0.7, 1.2, 1.0][i],
+      top_k=[0, 40, 10][i],
+    )
+    for i in range(batch)
+    for j in range(n)
+  ]
+  for _ in range(3):
+    logits = jnp.asarray(rng.normal(0, 2, (batch, vocab)), jnp.float32)
+    tokens, forked = step(jnp.repeat(logits, n, axis=0), forked)
+    for r in range(batch * n):
+      token, alone[r] = step(logits[r // n], alone[r])
+      assert int(token) == int(tokens[r]), r
+  assert len(set(tokens.tolist())) > 1  # the copies draw differently
+
+
+def test_fork_needs_a_positive_count():
+  sampler = jsample.llama_cpp()
+  with pytest.raises(ValueError, match="n: must be an int >= 1"):
+    sampler.fork(sampler.init(seed=0), 0)

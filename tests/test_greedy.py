@@ -1,0 +1,53 @@
+"""A batch of greedy rows takes one argmax-like pass: the same tokens as the chain, row by row."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jsample
+import jsample.testing
+from tests.helpers import CUT_KINDS, cut_rows
+
+STRATEGIES = ("cpu", "accelerator")
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_greedy_batches_give_the_full_paths_tokens(strategy, dtype):
+  """NaN as -inf, +inf, ties to the lower id, masks, empty rows: the shortcut agrees with the full path."""
+  rng = np.random.default_rng(5)
+  vocab = 3000
+  x = jnp.asarray(np.concatenate([cut_rows(rng, kind, vocab)[:3] for kind in CUT_KINDS]), dtype)
+  x = x.at[-1].set(jnp.nan)  # nothing survives
+  batch = x.shape[0]
+  allowed = rng.random((batch, vocab)) < 0.3
+  # Penalties that touch nothing (weights neutral) and truncations that keep the best.
+  sampler = jsample.llama_cpp(strategy=strategy)
+  state = sampler.init(seed=np.arange(batch), prompt=rng.integers(0, vocab, (batch, 6)), temperature=0.0)
+  for mask in (None, allowed, jsample.pack_mask(allowed)):
+    drawn, _ = jax.jit(sampler.pick_with_info)(x, state, mask)
+    valid = np.asarray(jsample.testing.full_path_probs(sampler, x, state, mask)).sum(axis=1) > 0
+    np.testing.assert_array_equal(drawn.valid, valid)
+    assert not valid[-1]
+    want = jsample.testing.full_path_tokens(sampler, x, state, mask)
+    np.testing.assert_array_equal(np.asarray(drawn.token)[valid], np.asarray(want)[valid])
+    np.testing.assert_array_equal(drawn.logprob, 0.0)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_batch_with_one_sampled_row_takes_the_chain(strategy):
+  """Greedy rows beside a sampled one, or beside active penalties, keep their tokens on the chain's path."""
+  rng = np.random.default_rng(6)
+  x = jnp.asarray(rng.normal(0, 2, (4, 2000)), jnp.float32)
+  sampler = jsample.gemma(strategy=strategy)
+  prompt = np.argsort(-np.asarray(x), axis=1)[:, :3]  # the best tokens, so that penalties bite
+  greedy = sampler.init(seed=np.arange(4), prompt=prompt, temperature=0.0)
+  tokens, _ = jax.jit(sampler.pick)(x, greedy)
+  np.testing.assert_array_equal(tokens, jnp.argmax(x, axis=1))
+  mixed = sampler.configure(greedy, temperature=[0.0, 0.0, 0.0, 1.0])
+  np.testing.assert_array_equal(jax.jit(sampler.pick)(x, mixed)[0][:3], tokens[:3])
+  penalised = sampler.configure(greedy, repeat_penalty=[1.0, 1.0, 1.0, 3.0])
+  tokens, _ = jax.jit(sampler.pick)(x, penalised)
+  np.testing.assert_array_equal(tokens, jsample.testing.full_path_tokens(sampler, x, penalised))
+  assert tokens[3] != jnp.argmax(x[3])  # its best was penalised away
