@@ -294,16 +294,21 @@ def test_packed_tail_bits_past_the_vocabulary_are_ignored(vocab):
 
 
 @pytest.mark.parametrize(
-  "recipe, mask", [(recipe, None) for recipe in RECIPES] + [(jsample.llama_cpp, "bool"), (jsample.llama_cpp, "packed")]
+  "recipe, mask, vocab",
+  [(recipe, None, V) for recipe in RECIPES]
+  + [(jsample.llama_cpp, "bool", V), (jsample.llama_cpp, "packed", V)]
+  # A vocabulary over budget x 32 takes the chunked top-k, whose reshapes must not infer a size from 0 rows.
+  + [(jsample.gemma, None, 20000), (jsample.llama_cpp, "packed", 20000)],
 )
-def test_a_batch_of_no_rows(recipe, mask):
+def test_a_batch_of_no_rows(recipe, mask, vocab):
   sampler = recipe(window_size=WINDOW)
   state = sampler.init(seed=np.zeros(0, np.int64), prompt=np.zeros((0, 3), np.int32))
-  allowed = {None: None, "bool": jnp.ones((0, V), bool), "packed": jnp.ones((0, 1), jnp.int32)}[mask]
-  x = jnp.zeros((0, V))
+  allowed = {None: None, "bool": jnp.ones((0, vocab), bool), "packed": jsample.pack_mask(jnp.ones((0, vocab), bool))}
+  x = jnp.zeros((0, vocab))
   both = jax.jit(lambda x, state, mask: (sampler.probs(x, state, mask), sampler.pick_with_info(x, state, mask)))
-  probs, (drawn, after) = both(x, state, allowed)
-  assert drawn.token.shape == (0,) and after.window.shape == (0, WINDOW) and probs.shape == (0, V)
+  probs, (drawn, after) = both(x, state, allowed[mask])
+  assert drawn.token.shape == (0,) and after.window.shape == (0, WINDOW) and probs.shape == (0, vocab)
+  assert jsample.unpack_mask(allowed["packed"], vocab).shape == (0, vocab)
   assert sampler.init(batch=0).position.shape == (0,)
 
 

@@ -104,8 +104,9 @@ def top_candidates(
     maxima = cleaned_maxima()
   _, best = lax.top_k(maxima, n)
   best = jnp.sort(best, axis=-1)  # id order, so that top_k's ties favour lower ids
-  gathered = jnp.take_along_axis(padded, best[:, :, None], axis=1).reshape(batch, -1)
-  where_ids = (best[:, :, None] * CHUNK + jnp.arange(CHUNK, dtype=jnp.int32)[None, None, :]).reshape(batch, -1)
+  width = n * CHUNK  # not -1: a reshape cannot infer it when there are 0 rows
+  gathered = jnp.take_along_axis(padded, best[:, :, None], axis=1).reshape(batch, width)
+  where_ids = (best[:, :, None] * CHUNK + jnp.arange(CHUNK, dtype=jnp.int32)[None, None, :]).reshape(batch, width)
   values = jax.vmap(clean)(gathered, where_ids, mask)
   logits, where = lax.top_k(values, n)
   # Without the barrier XLA fuses the selection into its consumers and redoes

@@ -26,7 +26,8 @@ def pack(allowed: jax.Array) -> jax.Array:
   vocab = allowed.shape[-1]
   pad = words_for(vocab) * 32 - vocab
   widths = [(0, 0)] * (allowed.ndim - 1) + [(0, pad)]
-  bits = jnp.pad(allowed, widths).reshape(*allowed.shape[:-1], -1, 32)
+  # Explicit sizes, not -1: a reshape cannot infer one when there are 0 rows.
+  bits = jnp.pad(allowed, widths).reshape(*allowed.shape[:-1], words_for(vocab), 32)
   weights = jnp.uint32(1) << jnp.arange(32, dtype=jnp.uint32).reshape((1,) * (bits.ndim - 1) + (32,))
   words = jnp.sum(jnp.where(bits, weights, jnp.uint32(0)), axis=-1, dtype=jnp.uint32)
   return jax.lax.bitcast_convert_type(words, jnp.int32)
@@ -43,7 +44,7 @@ def unpack(words: jax.Array, vocab: int) -> jax.Array:
   words = jax.lax.bitcast_convert_type(jnp.asarray(words), jnp.uint32)
   shifts = jnp.arange(32, dtype=jnp.uint32).reshape((1,) * words.ndim + (32,))
   bits = (words[..., None] >> shifts) & jnp.uint32(1)
-  return bits.reshape(*words.shape[:-1], -1)[..., :vocab] == 1
+  return bits.reshape(*words.shape[:-1], words.shape[-1] * 32)[..., :vocab] == 1
 
 
 def allowed_at(mask: jax.Array, ids: jax.Array) -> jax.Array:
