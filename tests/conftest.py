@@ -1,3 +1,4 @@
+import gc
 import os
 from pathlib import Path
 
@@ -61,3 +62,16 @@ def every_strategy(request, monkeypatch):
   real = strategies.resolve
   monkeypatch.setattr(strategies, "resolve", lambda name: real(request.param if name == "auto" else name))
   return request.param
+
+
+@pytest.fixture(autouse=True, scope="module")
+def release_compiled_programs(request):
+  """Frees each test file's compiled programs when it ends: JAX keeps every program it compiled (and the test
+  files' own ``functools.cache``d ones) for the life of the process, and over the whole suite they filled the
+  machine's memory."""
+  yield
+  for value in vars(request.module).values():
+    if callable(getattr(value, "cache_clear", None)):
+      value.cache_clear()
+  jax.clear_caches()
+  gc.collect()
