@@ -1,5 +1,7 @@
 """DRY against a literal float64/float32 NumPy transcription of llama.cpp's ``llama_sampler_dry_apply``."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -92,27 +94,43 @@ def test_dry_conforms():
   jsample.testing.assert_stage_conforms(stage, dry_reference, settings, window_size=12)
 
 
-def _probe(stage_kwargs, window, settings, vocab=64, budget=16, seed=0):
-  """Final logits of DRY alone on a row of zeros, both paths and both strategies, against the reference."""
+@functools.cache
+def _compiled(window_size: int, budget: int, strategy: str):
+  """DRY alone and DRY before a top-k, with their compiled probes: one program serves every probe of a window
+  size, since the settings (breakers included) are state values. DRY's program is slow to compile."""
+  alone = jsample.chain(
+    jsample.dry(), jsample.temperature(1.0), window_size=window_size, budget=budget, strategy=strategy
+  )
+  cut = jsample.chain(jsample.dry(), jsample.top_k(8), window_size=window_size, budget=budget, strategy=strategy)
+  probs = jax.jit(lambda x, state: (alone.probs(x, state), jsample.testing.full_path_probs(alone, x, state)))
+  tokens = jax.jit(
+    lambda xs, state: (
+      jsample.testing.decided_on_candidates(cut, xs, state),
+      cut.pick(xs, state)[0],
+      jsample.testing.full_path_tokens(cut, xs, state),
+    )
+  )
+  return alone, probs, cut, tokens
+
+
+def _probe(window, settings, vocab=64, budget=16, seed=0):
+  """Final logits of DRY alone on a row of zeros, both paths and both strategies, against the reference.
+
+  Windows of up to 12 tokens share one window size (a prompt shorter than it leaves the rest empty)."""
   rng = np.random.default_rng(seed)
   x = rng.normal(0, 0.5, vocab).astype(np.float32)
   x[np.asarray(window)] += 3.0  # the window's tokens among the best, so the cut must see DRY act
   want = jsample.testing.reference_probs(dry_reference, x, settings, list(window))
   for strategy in jsample.testing.STRATEGIES:
-    sampler = jsample.chain(
-      jsample.dry(**stage_kwargs), jsample.temperature(1.0), window_size=len(window), budget=budget, strategy=strategy
-    )
-    state = sampler.init(seed=1, prompt=list(window), **settings)
-    np.testing.assert_allclose(sampler.probs(jnp.asarray(x), state), want, atol=1e-6, err_msg=strategy)
-    np.testing.assert_allclose(jsample.testing.full_path_probs(sampler, jnp.asarray(x), state), want, atol=1e-6)
+    alone, probs_of, cut, tokens_of = _compiled(max(12, len(window)), budget, strategy)
+    probs, full = probs_of(jnp.asarray(x), alone.init(seed=1, prompt=list(window), **settings))
+    np.testing.assert_allclose(probs, want, atol=1e-6, err_msg=strategy)
+    np.testing.assert_allclose(full, want, atol=1e-6, err_msg=strategy)
     # With a truncation the candidates decide: lowering keeps the cut exact, the same token as the full path.
-    cut = jsample.chain(
-      jsample.dry(**stage_kwargs), jsample.top_k(8), window_size=len(window), budget=budget, strategy=strategy
-    )
     state = cut.init(seed=np.arange(6), prompt=list(window), **settings)
-    xs = jnp.asarray(np.tile(x, (6, 1)))
-    assert bool(jnp.all(jsample.testing.decided_on_candidates(cut, xs, state)))
-    np.testing.assert_array_equal(cut.pick(xs, state)[0], jsample.testing.full_path_tokens(cut, xs, state))
+    decided, tokens, full_tokens = tokens_of(jnp.asarray(np.tile(x, (6, 1))), state)
+    assert bool(jnp.all(decided)), strategy
+    np.testing.assert_array_equal(tokens, full_tokens, err_msg=strategy)
   return want, x
 
 
@@ -123,7 +141,7 @@ def test_the_llama_cpp_comment_example():
   """llama.cpp's own example: "a b c c b c y a b c" penalises c (3 -> 4), y (2 -> 3); b (1 -> 2) is below allowed 2."""
   a, b, c, y = 10, 11, 12, 13
   window = [a, b, c, c, b, c, y, a, b, c]
-  want, x = _probe({}, window, dict(BASE, dry_sequence_breakers=np.full((8, 4), -1)))
+  want, x = _probe(window, dict(BASE, dry_sequence_breakers=np.full((8, 4), -1)))
   p0 = np.exp(x - x.max())
   ratio = (want / want[20]) / (p0 / p0[20])  # token 20: untouched
   np.testing.assert_allclose(ratio[[c, y, b, a]], np.exp(-np.array([0.8 * 1.75, 0.8, 0.0, 0.0])), rtol=1e-5)
@@ -132,31 +150,31 @@ def test_the_llama_cpp_comment_example():
 def test_breakers_cut_the_repeat_and_are_never_penalised():
   # "1 2 3 4 | 1 2 3": the repeat "1 2 3" (3 tokens) would be extended by 4, unless a breaker sits inside it.
   window = [1, 2, 3, 4, 7, 1, 2, 3]
-  free = _probe({}, window, dict(BASE, dry_sequence_breakers=np.full((8, 4), -1)))[0]
-  cut = _probe({}, window, dict(BASE, dry_sequence_breakers=_breakers([2], shape=(8, 4))))[0]  # breaker 2: limit 1
-  two = _probe({}, window, dict(BASE, dry_sequence_breakers=_breakers([1, 2], shape=(8, 4))))[0]  # "1 2": limit 1
+  free = _probe(window, dict(BASE, dry_sequence_breakers=np.full((8, 4), -1)))[0]
+  cut = _probe(window, dict(BASE, dry_sequence_breakers=_breakers([2], shape=(8, 4))))[0]  # breaker 2: limit 1
+  two = _probe(window, dict(BASE, dry_sequence_breakers=_breakers([1, 2], shape=(8, 4))))[0]  # "1 2": limit 1
   assert free[4] < cut[4] and free[4] < two[4]
   # A single-token breaker is never penalised, a multi-token head may be.
   loop = [5, 6, 5, 6, 5, 6, 5]
-  single = _probe({}, loop, dict(BASE, dry_sequence_breakers=_breakers([6], shape=(8, 4))))[0]
-  head = _probe({}, loop, dict(BASE, dry_sequence_breakers=_breakers([6, 9], shape=(8, 4))))[0]
+  single = _probe(loop, dict(BASE, dry_sequence_breakers=_breakers([6], shape=(8, 4))))[0]
+  head = _probe(loop, dict(BASE, dry_sequence_breakers=_breakers([6, 9], shape=(8, 4))))[0]
   assert single[6] > head[6]
 
 
 def test_long_repeats_clamp_the_exponent_and_can_remove_a_token():
   loop = list(range(3)) * 40  # a repeat of 117 tokens: base 3 clamps e at 80, a penalty of 1.5e38
   settings = dict(BASE, dry_base=3.0, dry_sequence_breakers=np.full((8, 4), -1))
-  want, _ = _probe({}, loop, settings, vocab=64)
+  want, _ = _probe(loop, settings, vocab=64)
   assert want[0] == 0.0
   huge = dict(settings, dry_multiplier=5.0)  # 5 * 3^80 passes the largest float: the logit is -inf
   assert np.isneginf(dry_reference(np.zeros(64), huge, loop)[0])
-  _probe({}, loop, huge, vocab=64)
+  _probe(loop, huge, vocab=64)
 
 
 def test_penalty_last_n_limits_the_view():
   window = [1, 2, 3, 4, 8, 9, 1, 2, 3]
-  far = _probe({}, window, dict(BASE, dry_penalty_last_n=5, dry_sequence_breakers=np.full((8, 4), -1)))[0]
-  near = _probe({}, window, dict(BASE, dry_penalty_last_n=9, dry_sequence_breakers=np.full((8, 4), -1)))[0]
+  far = _probe(window, dict(BASE, dry_penalty_last_n=5, dry_sequence_breakers=np.full((8, 4), -1)))[0]
+  near = _probe(window, dict(BASE, dry_penalty_last_n=9, dry_sequence_breakers=np.full((8, 4), -1)))[0]
   assert far[4] > near[4]
 
 

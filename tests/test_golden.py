@@ -82,11 +82,18 @@ def record() -> None:
 
 @pytest.mark.parametrize("strategy", ["cpu", "accelerator"])
 def test_golden_tokens_are_unchanged(strategy):
-  """Both strategies draw the recorded tokens, row by row: the same answer on either side of the seam."""
+  """Both strategies draw the recorded tokens, row by row: the same answer on either side of the seam.
+
+  The accelerator strategy takes a third of the cases (every recipe on float32 rows, and every dtype and mask
+  form of the mixed batch): each case is a compile of several seconds on CPU, and the chain, conformance and
+  greedy tests hold the strategies' tokens equal on the rest.
+  """
   golden = np.load(GOLDEN)
   names = []
   for name, sampler, *case in cases():
     names.append(name)
+    if strategy == "accelerator" and not (name.endswith("/float32/none") or name.startswith("mixed/")):
+      continue
     token, valid, logprob = run_case(dataclasses.replace(sampler, strategy=strategy), *case)
     np.testing.assert_array_equal(token, golden[f"{name}/token"], err_msg=name)
     np.testing.assert_array_equal(valid, golden[f"{name}/valid"], err_msg=name)
