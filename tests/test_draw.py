@@ -1,5 +1,7 @@
 """The draw: its distribution (chi-square), its tail, and its reproducibility."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,15 +43,21 @@ CASES = [
 PROMPT = [3, 3, 0, 7, 1]
 
 
+@functools.cache
+def _llama_cpp_pick(budget: int, strategy: str):
+  """llama.cpp's chain and its compiled ``pick``: the cases of one budget share the program (settings are state)."""
+  sampler = jsample.llama_cpp(window_size=8, budget=budget, strategy=strategy)
+  return sampler, jax.jit(sampler.pick)
+
+
 @pytest.mark.slow
-@pytest.mark.usefixtures("every_strategy")
 @pytest.mark.parametrize("settings, budget", CASES)
-def test_draws_follow_the_reference_distribution(settings, budget):
+def test_draws_follow_the_reference_distribution(settings, budget, every_strategy):
   rng = np.random.default_rng(0)
   x = (rng.normal(0, 1.5, 24)).astype(np.float32)
-  sampler = jsample.llama_cpp(window_size=8, budget=budget)
+  sampler, pick = _llama_cpp_pick(budget, every_strategy)
   state = sampler.init(seed=np.arange(DRAWS), prompt=PROMPT, **settings)
-  tokens, _ = jax.jit(sampler.pick)(jnp.broadcast_to(jnp.asarray(x), (DRAWS, x.size)), state)
+  tokens, _ = pick(jnp.broadcast_to(jnp.asarray(x), (DRAWS, x.size)), state)
   counts = np.bincount(np.asarray(tokens), minlength=x.size)
   stages = llama_stages({**NEUTRAL_PENALTIES, **settings})
   probs = reference.probabilities(x, stages, window=PROMPT)
