@@ -1,5 +1,7 @@
 """Real next-token rows of Gemma 3 270M (recorded with llama.cpp) through the chain."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,7 +38,7 @@ def logits(reference_file):
 @pytest.mark.parametrize("recipe, stages_of", [(jsample.llama_cpp, llama_stages), (jsample.hf, hf_stages)])
 @pytest.mark.parametrize("settings", SETTINGS, ids=str)
 def test_real_rows_match_the_reference(logits, recipe, stages_of, settings):
-  check_real_rows(logits, recipe(window_size=WINDOW), stages_of, settings)
+  check_real_rows(logits, recipe, "auto", stages_of, settings)
 
 
 # The accelerator strategy on a CPU runs every row's unrolled searches over all of V: two cases, one decided on
@@ -47,23 +49,35 @@ def test_real_rows_match_the_reference(logits, recipe, stages_of, settings):
   ids=["llama_cpp-defaults", "hf-temperature-first"],
 )
 def test_real_rows_match_the_reference_on_the_accelerator_strategy(logits, recipe, stages_of, settings):
-  check_real_rows(logits, recipe(window_size=WINDOW, strategy="accelerator"), stages_of, settings)
+  check_real_rows(logits, recipe, "accelerator", stages_of, settings)
 
 
-def check_real_rows(logits, sampler, stages_of, settings):
+@functools.cache
+def _compiled(recipe, strategy: str):
+  """The recipe's sampler and its four compiled functions. The settings are state values, so every case of one
+  recipe and strategy shares them: each compile at Gemma's vocabulary takes several seconds."""
+  sampler = recipe(window_size=WINDOW, strategy=strategy)
+  return (
+    sampler,
+    jax.jit(sampler.probs),
+    jax.jit(lambda x, s: full_path_probs(sampler, x, s)),
+    jax.jit(sampler.pick),
+    jax.jit(lambda x, s: full_path_tokens(sampler, x, s)),
+  )
+
+
+def check_real_rows(logits, recipe, strategy, stages_of, settings):
   """Probabilities of both paths against the reference, and the tokens of both paths alike."""
+  sampler, probs_of, full_probs_of, pick, full_tokens_of = _compiled(recipe, strategy)
   size = logits.shape[0]
   prompts = [[int(t) for t in np.argsort(-row.astype(np.float32))[i % 3 : i % 3 + 6]] for i, row in enumerate(logits)]
   state = sampler.init(seed=np.arange(size), prompt=prompts, **settings)
   x = jnp.asarray(logits)  # float16, as recorded
-  probs = jax.jit(sampler.probs)(x, state)
   rows = logits.astype(np.float32)
-  full = jax.jit(lambda x, s: full_path_probs(sampler, x, s))(x.astype(jnp.float32), state)
+  probs, full = probs_of(x, state), full_probs_of(x.astype(jnp.float32), state)
   check_against_reference([probs, full], rows, [{**NEUTRAL_PENALTIES, **settings}] * size, prompts, stages_of)
-  tokens, _ = jax.jit(sampler.pick)(x, state)
-  np.testing.assert_array_equal(
-    tokens, jax.jit(lambda x, s: full_path_tokens(sampler, x, s))(x.astype(jnp.float32), state)
-  )
+  tokens, _ = pick(x, state)
+  np.testing.assert_array_equal(tokens, full_tokens_of(x.astype(jnp.float32), state))
 
 
 def test_llama_cpp_defaults_without_top_k_stay_on_the_candidate_path(logits):
