@@ -64,4 +64,6 @@ def on_row(final: jax.Array, bits: jax.Array, race_row, *, logprob: bool) -> Dra
   token, valid = race_row(final, bits)
   if not logprob:
     return Draw(token, valid, jnp.float32(0))
-  return Draw(token, valid, jnp.where(valid, final[token] - logsumexp(final), 0.0))
+  # A masked maximum, not final[token]: on a row sharded over devices an index would gather the row.
+  chosen = jnp.max(jnp.where(jnp.arange(final.shape[0]) == token, final, -jnp.inf))
+  return Draw(token, valid, jnp.where(valid, chosen - logsumexp(final), 0.0))

@@ -331,7 +331,12 @@ def _chain_row(stages, vocab: int, strategy: Strategy, skip, c: Candidates, row:
 
 def full_row(stages: tuple[Stage, ...], raw: jax.Array, mask, row: Rows, strategy: Strategy) -> jax.Array:
   """The full-vocabulary path for one row: every stage on ``[V]``, no sort."""
-  x = cut.full_row(raw, mask, branch_free=strategy.branch_free)
+  return on_row(stages, cut.full_row(raw, mask, branch_free=strategy.branch_free), row, strategy)
+
+
+def on_row(stages: tuple[Stage, ...], cleaned: jax.Array, row: Rows, strategy: Strategy) -> jax.Array:
+  """Every stage's ``on_row`` on one cleaned row ``[V]``, in order."""
+  x = cleaned
   for stage in stages:
     x = stage.on_row(x, row.settings, context(stage, row, x.shape[0], strategy))
   return x

@@ -17,10 +17,11 @@ stages before the cut on the touched ids, the chain, the id-keyed race), so a
 row's token is the one :meth:`Sampler.pick` draws on one device.
 
 Rows the candidates cannot decide (a nucleus or a min-p cut beyond them, or a
-row statistic such as eta's entropy, which needs the whole row) are not
-sampled: their token is ``-1`` and their state is left as it was, so the
-caller can draw them with :meth:`Sampler.pick` on the whole row (the token
-depends only on the row, its settings, seed and position).
+row statistic such as eta's entropy, which needs the whole row) take the
+full-vocabulary path behind a second ``lax.cond``: every stage's ``on_row`` on
+the sharded ``[B, V]`` logits, branch-free, which XLA partitions so that each
+reduction over ``V`` is a per-shard partial and an all-reduce of ``[B]``
+values. The row itself never crosses devices.
 """
 
 import functools
@@ -29,14 +30,12 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jsample._src import cut, draw, masks, paths, run
 from jsample._src import strategy as strategies
 from jsample._src.state import SamplerState
-
-UNDECIDED = -1  # the token of a row the sharded candidates cannot decide
 
 
 def sharded(
@@ -50,13 +49,13 @@ def sharded(
   works under :func:`jax.jit`; logits placed otherwise are resharded to this
   layout by XLA.
 
-  A row's token equals :meth:`Sampler.pick`'s, except in rows the candidates
-  cannot decide, where one device takes its full-vocabulary path (top-k off
-  with a nucleus or min-p cut beyond ``K`` candidates on a flat row, or
-  penalties on tokens outside the candidates under top-p, or a row statistic
-  such as eta's entropy): there the token is ``-1`` and the row's state is
-  unchanged. Draw those rows with ``sampler.pick`` on the whole row; a top-k
-  keeps every row decided.
+  Every row's token and new state equal :meth:`Sampler.pick`'s on one
+  device, up to the order in which floating-point sums are added (per shard,
+  then across shards): a nucleus whose mass lies within a rounding error of
+  ``top_p`` could end one token apart. Rows the candidates decide cost an
+  all-gather of ``O(K × shards)`` candidates; the others (top-k off with a
+  nucleus beyond ``K`` candidates on a flat row, say) take the full path on
+  their shards, whose collectives move ``[B]`` values per search step.
 
   Args:
     sampler: a :class:`Sampler`.
@@ -114,17 +113,26 @@ def sharded(
     known = (best, touched, touched_logits, rows)
     candidates = functools.partial(_candidates, sampler, vocab, plan)
     first, ok = per_row(lambda b, t, tl, r: candidates(b, t, tl, r, None), *known)
+    race = functools.partial(per_row, lambda c, bits: jax.vmap(draw.on_candidates)(c.logits, c.ids, bits))
+    whole = NamedSharding(mesh, P(rows_axis, vocab_axis))
+    # A stage that updates its state (mirostat) needs the drawn token's log-probability.
+    logprob = any(stage.update is not None for stage in sampler.stages)
 
     def rare():  # the log-normalisers, a pass over every shard, only where some row needs them
       log_z = _shard_log_z(mesh, vocab_axis, rows_axis, plan, raw, mask, tops)
       refined, better = per_row(candidates, *known, log_z)
-      return strategies.select(ok, first, refined), ok | better
+      drawn, decided = race(strategies.select(ok, first, refined), rows.bits), ok | better
 
-    cands, decided = lax.cond(jnp.all(ok), lambda: (first, ok), rare)
-    token, after = per_row(functools.partial(_draw, sampler, vocab), cands, decided, rows, before)
+      def full():  # the rows the candidates still cannot decide, on the whole sharded row
+        return strategies.select(decided, drawn, _full_path(sampler, whole, raw, mask, rows, logprob))
+
+      return lax.cond(jnp.all(decided), lambda: drawn, full)
+
+    drawn = lax.cond(jnp.all(ok), lambda: race(first, rows.bits), rare)
+    after = per_row(lambda s, d, i: run.advance(sampler, s, d, i, vocab), before, drawn, rows.inputs)
     if single:
-      return token[0], jax.tree.map(lambda a: a[0], after)
-    return token, after
+      return drawn.token[0], jax.tree.map(lambda a: a[0], after)
+    return drawn.token, after
 
   return pick
 
@@ -146,15 +154,21 @@ def _candidates(sampler, vocab: int, plan, best, touched, touched_logits, rows, 
   return (first, ok) if log_z is None else refine()
 
 
-def _draw(sampler, vocab: int, cands, decided, rows, before: SamplerState):
-  """The race over the final candidates and the new state (kept as it was for undecided rows)."""
-  drawn = jax.vmap(draw.on_candidates)(cands.logits, cands.ids, rows.bits)
-  after = run.advance(sampler, before, drawn, rows.inputs, vocab)
-  kept = strategies.select(
-    decided, (after.window, after.position, after.stages), (before.window, before.position, before.stages)
-  )
-  after = after._replace(window=kept[0], position=kept[1], stages=kept[2])
-  return jnp.where(decided, drawn.token, UNDECIDED), after
+def _full_path(sampler, whole: NamedSharding, raw, mask, rows: paths.Rows, logprob: bool) -> draw.Draw:
+  """Every row's draw on its full row, with the logits left sharded as ``whole``: the stages' own ``on_row``
+  under the accelerator strategy (branch-free and batched), which XLA partitions over the shards. Each
+  reduction over ``V`` (a search step's mass, the race's best score) becomes per-shard partials and an
+  all-reduce of ``[B]`` values; nothing indexes the row, so no shard gathers another's logits."""
+  plan = strategies.ACCELERATOR
+  x = lax.with_sharding_constraint(cut.clean(raw), whole)
+  if mask is not None:  # unpacked by broadcasting, each shard its own words
+    allowed = mask if mask.dtype == jnp.bool_ else masks.unpack(mask, raw.shape[-1])
+    x = jnp.where(lax.with_sharding_constraint(allowed, whole), x, -jnp.inf)
+
+  def one(x, row):
+    return draw.on_row(paths.on_row(sampler.stages, x, row, plan), row.bits, plan.race_row, logprob=logprob)
+
+  return jax.vmap(one)(x, rows)
 
 
 def _shard_cut(mesh, vocab_axis: str, rows_axis, width: int, plan, raw, mask, touched):
