@@ -4,11 +4,11 @@
 (host devices on a CPU, made with ``--xla_force_host_platform_device_count`` before JAX starts; real chips
 where there are 8).
 Per workload it reports the median time of one call and the bytes the compiled program's collectives
-return, summed over its collective instructions (each counted once, including a branch a step may skip: an
-upper bound per step). The baseline is what engines do: it reshards the logits from vocabulary shards to
-batch shards (each device gets whole rows, an all-to-all of the batch) and runs ``sampler.pick`` there.
-Both are checked to draw the same tokens. The verification rows are on one device. Results go to
-``bench/results/sharded-<device>.json``.
+return on each device (the partitioned program's shapes), summed over its collective instructions, each
+counted once, a branch a step may skip included: an upper bound per step. The baseline is what engines do:
+it reshards the logits from vocabulary shards to batch shards (each device gets whole rows, an all-to-all)
+and runs ``sampler.pick`` there. Both are checked to draw the same tokens. The verification rows are on one
+device. Results go to ``bench/results/sharded-<device>.json``.
 """
 
 import argparse
@@ -152,7 +152,7 @@ def main(argv=None) -> None:
     jax=jax.__version__,
     devices=f"{len(devices)} x {kind}",
     vocab=args.vocab,
-    note="bytes: summed results of the compiled program's collectives, each instruction once (an upper bound)",
+    note="bytes: per device, the summed results of the compiled program's collectives, each instruction once",
   )
   args.out.mkdir(parents=True, exist_ok=True)
   slug = "cpu" if devices[0].platform == "cpu" else re.sub(r"\W+", "-", kind.lower())
