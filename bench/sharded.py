@@ -8,7 +8,8 @@ return on each device (the partitioned program's shapes), summed over its collec
 counted once, a branch a step may skip included: an upper bound per step. The baseline is what engines do:
 it reshards the logits from vocabulary shards to batch shards (each device gets whole rows, an all-to-all)
 and runs ``sampler.pick`` there. Both are checked to draw the same tokens. The verification rows are on one
-device. Results go to ``bench/results/sharded-<device>.json``.
+device. Results go to ``bench/results/sharded/<device>.json`` (a folder of their own: ``python -m bench``'s
+runs, which the speed notebook reads, are the folder's own ``*.json``).
 """
 
 import argparse
@@ -154,9 +155,9 @@ def main(argv=None) -> None:
     vocab=args.vocab,
     note="bytes: per device, the summed results of the compiled program's collectives, each instruction once",
   )
-  args.out.mkdir(parents=True, exist_ok=True)
   slug = "cpu" if devices[0].platform == "cpu" else re.sub(r"\W+", "-", kind.lower())
-  path = args.out / f"sharded-{slug}.json"
+  path = args.out / "sharded" / f"{slug}.json"
+  path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(json.dumps({"meta": meta, "sharded": results, "verify": spec}, indent=1) + "\n")
   print(f"wrote {path}")
 
