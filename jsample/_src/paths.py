@@ -126,26 +126,28 @@ def from_best(
     idle = jnp.all(jnp.stack(before))
     cut_rows = functools.partial(_unless_idle, idle, budget, vocab, cut_rows)
   chain_rows = jax.vmap(functools.partial(_chain_row, stages, vocab, strategy, skip))
+  # The stages before the cut run once, as if the log-normaliser were known: they only clear log_z_known
+  # (Stage.touches), so each pass below puts in what it knows.
+  placeholder = jnp.zeros(top.shape, jnp.float32)
+  cut_once = cut_rows(a, b, logits, ids, touched, rows, placeholder, placeholder == 0)
 
-  def run(log_z, known, stat) -> tuple[Candidates, jax.Array]:
-    c = chain_rows(cut_rows(a, b, logits, ids, touched, rows, log_z, known), rows, stat)
+  def run(c: Candidates, stat) -> tuple[Candidates, jax.Array]:
+    c = chain_rows(c, rows, stat)
     return c, c.exact & c.complete
 
   def refine():
-    log_z = log_normalisers()
-    known = jnp.ones(top.shape, bool)
-    c, ok = run(log_z, known, None)
+    with_z = cut_once._replace(log_z=log_normalisers())
+    c, ok = run(with_z, None)
     if stat_stage(stages) is None or statistic is None:
       return c, ok
 
     def with_stat():  # a second pass over V: only where the log-normaliser did not settle a row
-      later, better = run(log_z, known, statistic())
+      later, better = run(with_z, statistic())
       return select(ok, c, later), ok | better
 
     return with_stat() if strategy.branch_free else jax.lax.cond(jnp.all(ok), lambda: (c, ok), with_stat)
 
-  unknown = jnp.zeros(top.shape, jnp.float32)
-  return run(unknown, unknown > 0, None), refine
+  return run(cut_once._replace(log_z_known=placeholder > 0), None), refine
 
 
 def _read_row(raw: jax.Array, mask, ids: jax.Array) -> jax.Array:
@@ -300,7 +302,9 @@ def _cut_row(
   changed = jnp.sum(((keys & 1) == 0) & (c.logits != before))  # among the raw best
   # top_k keeps ties in list order, which is id order: sampling order without a sort.
   kept = min(budget, wide)  # beyond a whole row's V there are only empties
-  best, where = jax.lax.top_k(c.logits, kept)
+  # The barrier keeps XLA's CPU TopK kernel: indexing the results below would otherwise turn it into a full sort
+  # (over twice as slow).
+  best, where = jax.lax.optimization_barrier(jax.lax.top_k(c.logits, kept))
   # Complete: no token beyond the kept ones survives. Those beyond the list
   # hold none when the row was whole or a stage removed every untouched token.
   return c._replace(

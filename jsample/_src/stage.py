@@ -205,6 +205,8 @@ class Stage(NamedTuple):
     touches: ``(settings, Context) -> ids [E]``, the ids (``-1``: none) whose
       logits the stage may change; such a stage acts before the cut, and
       ``on_candidates`` sees those ids beside the best ``K``, not in order.
+      It runs once per call, before the row's log-normaliser is known: it
+      must not read ``Candidates.log_z``, and may only clear ``log_z_known``.
     lowers: ``(settings, Context) -> bool``, optional beside ``touches``: True
       where the stage never raises a logit it touches (penalties with
       weights that only penalise); where every row says so, the CPU cut
