@@ -198,9 +198,9 @@ def _scaled_power(mult: jax.Array, base: jax.Array, e: jax.Array) -> jax.Array:
 
   Squaring in double-float (about 48 bits) then rounding once to float32 gives
   llama.cpp's double result bar a tie within ``2^-48`` of a rounding boundary.
+  ``base`` and ``mult`` may be a row's scalars beside a ``[K]`` of ``e``: the
+  squares are then computed once for the row, not once per candidate.
   """
-  hi, lo = jnp.ones_like(base), jnp.zeros_like(base)
-  sq_hi, sq_lo = base, jnp.zeros_like(base)
 
   def times(a_hi, a_lo, b_hi, b_lo):
     p, err = _two_product(a_hi, b_hi)
@@ -208,14 +208,16 @@ def _scaled_power(mult: jax.Array, base: jax.Array, e: jax.Array) -> jax.Array:
     s = p + err
     return s, err - (s - p)
 
-  for bit in range(31):
+  # base^(2^bit) for every bit of e; those past e's top bit may overflow, and go unused.
+  squares = [(base, jnp.zeros_like(base))]
+  for _ in range(30):
+    squares.append(times(*squares[-1], *squares[-1]))
+  shape = jnp.broadcast_shapes(jnp.shape(base), jnp.shape(e))
+  hi, lo = jnp.ones(shape, jnp.float32), jnp.zeros(shape, jnp.float32)
+  for bit, (sq_hi, sq_lo) in enumerate(squares):
     use = ((e >> bit) & 1) == 1
     new_hi, new_lo = times(hi, lo, sq_hi, sq_lo)
     hi, lo = jnp.where(use, new_hi, hi), jnp.where(use, new_lo, lo)
-    if bit < 30:
-      more = (e >> (bit + 1)) > 0  # squares past e's top bit may overflow unused
-      next_hi, next_lo = times(sq_hi, sq_lo, sq_hi, sq_lo)
-      sq_hi, sq_lo = jnp.where(more, next_hi, sq_hi), jnp.where(more, next_lo, sq_lo)
   p, err = _two_product(mult, hi)
   return p + (err + mult * lo)
 
