@@ -302,16 +302,18 @@ def _cut_row(
   changed = jnp.sum(((keys & 1) == 0) & (c.logits != before))  # among the raw best
   # top_k keeps ties in list order, which is id order: sampling order without a sort.
   kept = min(budget, wide)  # beyond a whole row's V there are only empties
-  # The barrier keeps XLA's CPU TopK kernel: indexing the results below would otherwise turn it into a full sort
-  # (over twice as slow).
-  best, where = jax.lax.optimization_barrier(jax.lax.top_k(c.logits, kept))
+  best, where = jax.lax.top_k(c.logits, kept)
+  kept_ids = jnp.take(c.ids, where)
+  # The last kept logit as the minimum, not best[-1]: slicing top_k's values makes XLA's CPU backend
+  # trade its TopK kernel for a full sort (over twice as slow).
+  last = jnp.min(best)
   # Complete: no token beyond the kept ones survives. Those beyond the list
   # hold none when the row was whole or a stage removed every untouched token.
   return c._replace(
-    ids=jnp.take(c.ids, where),
+    ids=kept_ids,
     logits=best,
-    complete=c.complete & ((whole & (kept == wide)) | (best[-1] == -jnp.inf)),
-    exact=c.exact & (c.complete | (changed <= extra) | _ahead(best[-1], c.ids[where[-1]], logits[-1], ids[-1])),
+    complete=c.complete & ((whole & (kept == wide)) | (last == -jnp.inf)),
+    exact=c.exact & (c.complete | (changed <= extra) | _ahead(last, kept_ids[-1], logits[-1], ids[-1])),
   )
 
 
