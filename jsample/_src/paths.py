@@ -128,8 +128,8 @@ def from_best(
   chain_rows = jax.vmap(functools.partial(_chain_row, stages, vocab, strategy, skip))
   # The stages before the cut run once, as if the log-normaliser were known: they only clear log_z_known
   # (Stage.touches), so each pass below puts in what it knows.
-  placeholder = jnp.zeros(top.shape, jnp.float32)
-  cut_once = cut_rows(a, b, logits, ids, touched, rows, placeholder, placeholder == 0)
+  known = jnp.ones(top.shape, bool)
+  cut_once = cut_rows(a, b, logits, ids, touched, rows, jnp.zeros(top.shape, jnp.float32), known)
 
   def run(c: Candidates, stat) -> tuple[Candidates, jax.Array]:
     c = chain_rows(c, rows, stat)
@@ -147,7 +147,7 @@ def from_best(
 
     return with_stat() if strategy.branch_free else jax.lax.cond(jnp.all(ok), lambda: (c, ok), with_stat)
 
-  return run(cut_once._replace(log_z_known=placeholder > 0), None), refine
+  return run(cut_once._replace(log_z_known=~known), None), refine
 
 
 def _read_row(raw: jax.Array, mask, ids: jax.Array) -> jax.Array:
