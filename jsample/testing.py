@@ -266,28 +266,47 @@ def assert_stage_conforms(
   )
 
   # -- against the reference, on both paths and both strategies ------------------
-  picked = {}
+  # One program per strategy and budget (mostly the full path, then always the candidates), run below on
+  # every state of the same shapes: compiling is most of a check's time, and new values never recompile.
+  programs = {}
   for strategy in STRATEGIES:
-    for budget in (4, vocab):  # mostly the full path, then always the candidates
+    for budget in (4, vocab):
       sampler = build(budget, strategy)
+      full = budget == 4  # the full path does not depend on the budget
 
-      def every(x, state, sampler=sampler):
-        return sampler.probs(x, state), full_path_probs(sampler, x, state), sampler.pick(x, state)
+      def every(x, state, sampler=sampler, full=full):
+        return sampler.probs(x, state), full_path_probs(sampler, x, state) if full else None, sampler.pick(x, state)
 
-      probs, full, picked[strategy, budget] = jax.jit(every)(jnp.asarray(xs), fresh(sampler))
-      _close(
-        np.asarray(probs), expected, atol, f"{stage.name}: probs ({strategy}, budget {budget}) against the reference"
-      )
-      _close(np.asarray(full), expected, atol, f"{stage.name}: the full path ({strategy}) against the reference")
-  tokens = {key: np.asarray(value[0]) for key, value in picked.items()}
-  for key, value in tokens.items():
-    _equal(value, tokens["cpu", 4], f"{stage.name}: tokens of the two paths and strategies, {key} against ('cpu', 4)")
+      programs[strategy, budget] = sampler, jax.jit(every)
+
+  def run_all(values, want: np.ndarray, what: str):
+    """Every program on the rows with per-row ``values`` (None: the ones under test): each distribution
+    against ``want``, the tokens against each other. Returns the tokens of ``('cpu', 4)``."""
+    picked = {}
+    for (strategy, budget), (sampler, program) in programs.items():
+      probs, full, picked[strategy, budget] = program(jnp.asarray(xs), fresh(sampler, values))
+      _close(np.asarray(probs), want, atol, f"{stage.name}: probs ({strategy}, budget {budget}){what}")
+      if full is not None:
+        _close(np.asarray(full), want, atol, f"{stage.name}: the full path ({strategy}){what}")
+    tokens = {key: np.asarray(value[0]) for key, value in picked.items()}
+    for key, value in tokens.items():
+      _equal(value, tokens["cpu", 4], f"{stage.name}: tokens of the two paths and strategies, {key} against ('cpu', 4)")
+    return tokens["cpu", 4]
+
+  tokens = run_all(None, expected, " against the reference")
 
   # -- vmap and a loop over rows equal the batched call ------------------------------
   sampler = build(16, "cpu")
   state = fresh(sampler)
-  jitted, after = jax.jit(sampler.pick)(jnp.asarray(xs), state)
-  _equal(np.asarray(jitted), tokens["cpu", 4], f"{stage.name}: budgets 16 and 4")
+  traces = []
+
+  def counted(x, state):
+    traces.append(1)  # runs once per trace, i.e. per compilation
+    return sampler.pick(x, state)
+
+  step = jax.jit(counted)
+  jitted, after = step(jnp.asarray(xs), state)
+  _equal(np.asarray(jitted), tokens, f"{stage.name}: budgets 16 and 4")
   mapped, _ = jax.jit(jax.vmap(sampler.pick))(jnp.asarray(xs), state)
   _equal(np.asarray(mapped), np.asarray(jitted), f"{stage.name}: vmap over rows and the batched call")
   single = jax.jit(sampler.pick)
@@ -300,23 +319,14 @@ def assert_stage_conforms(
     raise AssertionError(f"{stage.name}: pick changed the state's shapes or dtypes")
 
   def steps(x, state):
-    def body(state, _):
-      token, state = sampler.pick(x, state)
-      return state, token
+    def body(state, go):  # a draw inside a cond inside a scan: one copy of pick in the program
+      return jax.lax.cond(go, lambda s: sampler.pick(x, s)[1], lambda s: s, state), None
 
-    state, tokens = jax.lax.scan(body, state, None, length=3)
-    return jax.lax.cond(tokens[0, 0] >= 0, lambda s: sampler.pick(x, s)[1], lambda s: s, state)
+    return jax.lax.scan(body, state, jnp.array([True, True, False, True]))[0]
 
   scanned = jax.jit(steps)(jnp.asarray(xs), state)
   if jax.tree.map(lambda a: (a.shape, a.dtype), scanned) != shapes:
     raise AssertionError(f"{stage.name}: the state changed shapes or dtypes through scan and cond")
-  traces = []
-
-  def counted(x, state):
-    traces.append(1)  # runs once per trace, i.e. per compilation
-    return sampler.pick(x, state)
-
-  step = jax.jit(counted)
   for values in settings:
     every_row = {k: np.broadcast_to(v, (rows,) + sampler.settings[k].shape) for k, v in values.items()}
     step(jnp.asarray(xs), sampler.configure(state, **every_row))
@@ -326,9 +336,9 @@ def assert_stage_conforms(
   # -- neutral settings are the identity --------------------------------------------
   neutral = {s.name: s.neutral for s in stage.settings if s.neutral is not None}
   if neutral and len(neutral) == len(stage.settings):
-    alone = chain(temperature(1.0), window_size=window_size)
-    plain = np.asarray(jax.jit(alone.probs)(jnp.asarray(xs), alone.init(seed=np.arange(rows))))
-    off = np.asarray(jax.jit(sampler.probs)(jnp.asarray(xs), fresh(sampler, neutral)))
+    plain = np.stack([reference_probs(lambda x, s, w: x, xs[i], {}, []) for i in range(rows)])
+    sampler_4, program = programs["cpu", 4]
+    off = np.asarray(program(jnp.asarray(xs), fresh(sampler_4, neutral))[0])
     _close(off, plain, 1e-6, f"{stage.name}: neutral settings {neutral} are not the identity")
 
   # -- off in every row, the stage is skipped (Stage.off): the same as applied ---------
@@ -340,10 +350,7 @@ def assert_stage_conforms(
       want = np.stack(
         [reference_probs(reference, xs[i], _row_settings(base, every_row, i), windows[i]) for i in range(rows)]
       )
-      for budget in (4, vocab):
-        skipping = build(budget, "cpu")
-        got = np.asarray(jax.jit(skipping.probs)(jnp.asarray(xs), fresh(skipping, every_row)))
-        _close(got, want, atol, f"{stage.name}: off in every row ({values}, budget {budget}) against the reference")
+      run_all(every_row, want, f" with the stage off in every row ({values}) against the reference")
 
   # -- half-precision rows ------------------------------------------------------------
   for dtype in (jnp.bfloat16, jnp.float16):
