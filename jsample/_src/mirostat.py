@@ -159,10 +159,9 @@ def mirostat(version: int = 0, tau: float = 5.0, eta: float = 0.1) -> Stage:
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
     version = s["mirostat"]
     mu = _mu(s, ctx)
-    alive = logits > -jnp.inf
-    first = jnp.arange(logits.shape[0]) == jnp.argmax(logits)  # ties to the lower id
 
     def v1():
+      alive = logits > -jnp.inf
       best, _ = cut.top_candidates(logits[None], None, min(M, logits.shape[0]))
       count = jnp.sum(alive)
       k = jnp.minimum(_zipf_k(best[0], count, mu, ctx.vocab), count.astype(jnp.float32))
@@ -170,6 +169,8 @@ def mirostat(version: int = 0, tau: float = 5.0, eta: float = 0.1) -> Stage:
       return jnp.where(keep, logits, -jnp.inf)
 
     def v2():
+      alive = logits > -jnp.inf
+      first = jnp.arange(logits.shape[0]) == jnp.argmax(logits)  # ties to the lower id
       within = alive & ((logsumexp(logits) - logits) * _LOG2E <= mu)
       return jnp.where(within | (first & alive), logits, -jnp.inf)
 
