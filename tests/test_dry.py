@@ -178,12 +178,14 @@ def test_penalty_last_n_limits_the_view():
   assert far[4] > near[4]
 
 
-def test_the_penalty_is_llama_cpps_double_rounded_once():
+@pytest.mark.parametrize("bits", [31, 6])  # 6: only the bits e can have (what a window of 32 to 63 tokens asks)
+def test_the_penalty_is_llama_cpps_double_rounded_once(bits):
   rng = np.random.default_rng(0)
   mult = rng.uniform(0, 3, 4000).astype(F32)
   base = rng.uniform(1, 3, 4000).astype(F32)
   e = rng.integers(0, 60, 4000).astype(np.int32)
-  got = np.asarray(jax.jit(dry_module._scaled_power)(jnp.asarray(mult), jnp.asarray(base), jnp.asarray(e)))
+  power = jax.jit(functools.partial(dry_module._scaled_power, bits=bits))
+  got = np.asarray(power(jnp.asarray(mult), jnp.asarray(base), jnp.asarray(e)))
   want = (mult.astype(np.float64) * base.astype(np.float64) ** e).astype(F32)
   ok = np.isfinite(want)
   np.testing.assert_array_equal(got[ok], want[ok])

@@ -116,6 +116,7 @@ class _Repeats:
     on = (s["dry_multiplier"] != 0) & (base >= 1) & (last_n != 0)
     self.active = on & (n > allowed) & (limit >= allowed) & jnp.any(self.extends)
     self.s = s
+    self.width = width
 
   def penalty(self, longest: jax.Array) -> jax.Array:
     """llama.cpp's ``float(mult * pow(base, e))``, ``pow`` and product in double, for repeat lengths ``longest``."""
@@ -123,7 +124,8 @@ class _Repeats:
     e = longest - self.s["dry_allowed_length"]
     top = jnp.where(base > 1.000001, jnp.floor(jnp.float32(_FLOAT_MAX_LOG) / jnp.log(base)), 0).astype(jnp.int32)
     e = jnp.where((top > 0) & (e > top), top, e)
-    return _scaled_power(self.s["dry_multiplier"], base, jnp.maximum(e, 0))
+    # A repeat fits in the window, so e <= W: W's bits are all the power needs (a smaller program to compile).
+    return _scaled_power(self.s["dry_multiplier"], base, jnp.maximum(e, 0), bits=max(1, self.width.bit_length()))
 
 
 def _rep_limit(x: jax.Array, n: jax.Array, breakers: jax.Array) -> jax.Array:
@@ -193,8 +195,8 @@ def _two_product(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
   return p, jnp.where(jnp.abs(p) < 2.0**100, err, 0.0)
 
 
-def _scaled_power(mult: jax.Array, base: jax.Array, e: jax.Array) -> jax.Array:
-  """``float(double(mult) * pow(double(base), e))`` for integers ``e >= 0``, in float32 pairs.
+def _scaled_power(mult: jax.Array, base: jax.Array, e: jax.Array, bits: int = 31) -> jax.Array:
+  """``float(double(mult) * pow(double(base), e))`` for integers ``0 <= e < 2^bits``, in float32 pairs.
 
   Squaring in double-float (about 48 bits) then rounding once to float32 gives
   llama.cpp's double result bar a tie within ``2^-48`` of a rounding boundary.
@@ -210,7 +212,7 @@ def _scaled_power(mult: jax.Array, base: jax.Array, e: jax.Array) -> jax.Array:
 
   # base^(2^bit) for every bit of e; those past e's top bit may overflow, and go unused.
   squares = [(base, jnp.zeros_like(base))]
-  for _ in range(30):
+  for _ in range(bits - 1):
     squares.append(times(*squares[-1], *squares[-1]))
   shape = jnp.broadcast_shapes(jnp.shape(base), jnp.shape(e))
   hi, lo = jnp.ones(shape, jnp.float32), jnp.zeros(shape, jnp.float32)
