@@ -199,3 +199,18 @@ def test_both_repeat_length_forms_are_the_z_array(width):
     want = [next((j for j in range(width - k) if x[j] != x[j + k]), width - k) for k in range(width)]
     for z in (dry_module._z_loop, dry_module._z_vectorised):
       np.testing.assert_array_equal(np.asarray(z(jnp.asarray(x)))[1:], want[1:])
+
+
+def test_double_float_squaring_survives_fma_contraction():
+  """In a loop body XLA's CPU backend contracts ``x * y + z`` into an FMA: squaring there must still carry about
+  48 bits (Dekker's ``a * b - p`` lost its error term to it, leaving a float32's 24)."""
+  rng = np.random.default_rng(3)
+  base = rng.uniform(1, 1.5, 10_000).astype(F32)
+
+  def square(_, pair):
+    return dry_module._times(*pair, *pair)
+
+  hi, lo = jax.jit(lambda b: jax.lax.fori_loop(0, 5, square, (b, jnp.zeros_like(b))))(jnp.asarray(base))
+  got = np.asarray(hi, np.float64) + np.asarray(lo, np.float64)
+  exact = base.astype(np.float64) ** 32
+  assert np.max(np.abs(got - exact) / exact) < 2.0**-40

@@ -23,7 +23,6 @@ from jax import lax
 from jsample._src.stage import Candidates, Context, Setting, Settings, Stage, always_valid
 
 _FLOAT_MAX_LOG = 88.7228391  # llama.cpp's log(FLT_MAX)
-_SPLIT = 4097.0  # 2^12 + 1: Dekker's split of a float32 into two 12-bit halves
 
 
 def _gapless(v):
@@ -180,19 +179,42 @@ def _z_loop(x: jax.Array) -> jax.Array:
   return lax.fori_loop(0, 2 * width, step, carry)[4]
 
 
-def _two_product(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """``a * b`` as ``p + err`` exactly (Dekker; float32 without FMA)."""
-  p = a * b
+def _two_sum(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """``a + b`` as ``s + err`` exactly (Knuth's sum: additions only, whatever the magnitudes)."""
+  s = a + b
+  v = s - a
+  return s, (a - (s - v)) + (b - v)
 
-  def split(v):
-    c = jnp.float32(_SPLIT) * v
-    hi = c - (c - v)
+
+def _two_product(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """``a * b`` as a float32 pair ``p + err``, to about 2^-47 of the product.
+
+  Both factors are cut into 12-bit halves by masking bits, so each of the four partial products is exact and
+  the pair is built from them by exact sums. No rounded product is ever subtracted: a compiler that contracts
+  ``x * y + z`` into an FMA (XLA's LLVM backends do, inside a loop body on CPU) cannot change a bit, where
+  Dekker's ``a * b - p`` lost the whole error term.
+  """
+
+  def split(v):  # the top 12 bits of the significand, and the exact rest
+    hi = lax.bitcast_convert_type(lax.bitcast_convert_type(v, jnp.uint32) & jnp.uint32(0xFFFFF000), jnp.float32)
     return hi, v - hi
 
   (ah, al), (bh, bl) = split(a), split(b)
-  err = ((ah * bh - p) + ah * bl + al * bh) + al * bl
-  # Past 2^100 the split overflows; there the penalty removes the token whatever its last bits.
+  s, e1 = _two_sum(ah * bh, ah * bl)
+  s, e2 = _two_sum(s, al * bh)
+  err = (e1 + e2) + al * bl
+  p = s + err
+  err = err - (p - s)
+  # Near overflow the sums lose their meaning; there the penalty removes the token whatever its last bits.
   return p, jnp.where(jnp.abs(p) < 2.0**100, err, 0.0)
+
+
+def _times(a_hi: jax.Array, a_lo: jax.Array, b_hi: jax.Array, b_lo: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The product of two double-floats ``hi + lo``, as a double-float."""
+  p, err = _two_product(a_hi, b_hi)
+  err = err + (a_hi * b_lo + a_lo * b_hi)
+  s = p + err
+  return s, err - (s - p)
 
 
 def _scaled_power(mult: jax.Array, base: jax.Array, e: jax.Array, bits: int = 31) -> jax.Array:
@@ -204,21 +226,15 @@ def _scaled_power(mult: jax.Array, base: jax.Array, e: jax.Array, bits: int = 31
   squares are then computed once for the row, not once per candidate.
   """
 
-  def times(a_hi, a_lo, b_hi, b_lo):
-    p, err = _two_product(a_hi, b_hi)
-    err = err + (a_hi * b_lo + a_lo * b_hi)
-    s = p + err
-    return s, err - (s - p)
-
   # base^(2^bit) for every bit of e; those past e's top bit may overflow, and go unused.
   squares = [(base, jnp.zeros_like(base))]
   for _ in range(bits - 1):
-    squares.append(times(*squares[-1], *squares[-1]))
+    squares.append(_times(*squares[-1], *squares[-1]))
   shape = jnp.broadcast_shapes(jnp.shape(base), jnp.shape(e))
   hi, lo = jnp.ones(shape, jnp.float32), jnp.zeros(shape, jnp.float32)
   for bit, (sq_hi, sq_lo) in enumerate(squares):
     use = ((e >> bit) & 1) == 1
-    new_hi, new_lo = times(hi, lo, sq_hi, sq_lo)
+    new_hi, new_lo = _times(hi, lo, sq_hi, sq_lo)
     hi, lo = jnp.where(use, new_hi, hi), jnp.where(use, new_lo, lo)
   p, err = _two_product(mult, hi)
   return p + (err + mult * lo)
