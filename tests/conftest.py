@@ -5,9 +5,9 @@ from pathlib import Path
 import jax
 import pytest
 
-import jsample.testing
 from bench import reference
 from jsample._src import strategy as strategies
+from tests.helpers import EACH_STRATEGY
 
 # equinox's strictness: a silent [B] x [B, V] broadcast or an implicit dtype
 # promotion fails the suite instead of producing a wrong token.
@@ -55,10 +55,11 @@ def reference_file():
   return find
 
 
-@pytest.fixture(params=jsample.testing.STRATEGIES)
+@pytest.fixture(params=EACH_STRATEGY)
 def every_strategy(request, monkeypatch):
-  """Runs the test once per strategy: a sampler built with ``strategy="auto"`` (the default) resolves to each in
-  turn. Use it with ``pytestmark = pytest.mark.usefixtures("every_strategy")``."""
+  """Runs the test once per strategy (the accelerator strategy in the exhaustive tier): a sampler built
+  with ``strategy="auto"`` (the default) resolves to each in turn. Use it with
+  ``pytestmark = pytest.mark.usefixtures("every_strategy")``."""
   real = strategies.resolve
   monkeypatch.setattr(strategies, "resolve", lambda name: real(request.param if name == "auto" else name))
   return request.param

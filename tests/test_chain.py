@@ -12,7 +12,10 @@ pytestmark = pytest.mark.usefixtures("every_strategy")  # conftest.py: each test
 
 
 @pytest.mark.parametrize("recipe, stages_of", [(jsample.llama_cpp, llama_stages), (jsample.hf, hf_stages)])
-@pytest.mark.parametrize("vocab, size", [(8, 600), (33, 600), (100, 600), (1000, 480), (4096, 240)])
+@pytest.mark.parametrize(
+  "vocab, size",
+  [(8, 600), (33, 600), pytest.param(100, 600, marks=pytest.mark.exhaustive), (1000, 480), (4096, 240)],
+)
 def test_matches_reference(recipe, stages_of, vocab, size):
   xs, all_settings, per_row, prompts = batch(vocab, vocab, size)
   sampler = recipe(window_size=WINDOW, budget=64)

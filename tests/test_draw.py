@@ -119,7 +119,9 @@ def test_greedy_takes_the_highest_logit_ties_to_the_lower_id():
   np.testing.assert_array_equal(tokens, expected)
 
 
-@pytest.mark.parametrize("vocab", [50, 1000, 262144])
+@pytest.mark.parametrize(
+  "vocab", [pytest.param(50, marks=pytest.mark.exhaustive), 1000, pytest.param(262144, marks=pytest.mark.exhaustive)]
+)
 def test_token_depends_on_row_settings_seed_and_position_only(vocab):
   size = 64 if vocab < 262144 else 8
   xs, _, per_row, prompts = batch(vocab + 1, vocab, size)

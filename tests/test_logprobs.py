@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jsample
-from tests.helpers import CUT_KINDS, cut_rows
+from tests.helpers import CUT_KINDS, EACH_STRATEGY, cut_rows
 
 
 def reference(x: np.ndarray, token: int, n: int):
@@ -20,7 +20,7 @@ def reference(x: np.ndarray, token: int, n: int):
   return x[token] - log_z, rank, order[:n], x[order[:n]] - log_z
 
 
-@pytest.mark.parametrize("strategy", ["cpu", "accelerator"])
+@pytest.mark.parametrize("strategy", EACH_STRATEGY)
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_raw_logprobs_rank_and_alternatives_follow_the_reference(strategy, dtype):
   rng = np.random.default_rng(11)

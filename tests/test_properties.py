@@ -77,9 +77,9 @@ CONFIGS = [
   ("temperature", 100, "bool"),
   ("penalties", 33, None),
   # the accelerator strategy, batched and branch-free, on a CPU
-  ("llama_cpp@accelerator", 100, "packed"),
-  ("hf@accelerator", 1000, "bool"),
-  ("custom@accelerator", 33, None),
+  pytest.param("llama_cpp@accelerator", 100, "packed", marks=pytest.mark.exhaustive),
+  pytest.param("hf@accelerator", 1000, "bool", marks=pytest.mark.exhaustive),
+  pytest.param("custom@accelerator", 33, None, marks=pytest.mark.exhaustive),
 ]
 
 
@@ -288,7 +288,14 @@ def picker(chain: str, candidates: int):
 
 
 @pytest.mark.parametrize(
-  "chain, vocab", [("llama_cpp", 33), ("hf", 100), ("custom", 7), ("llama_cpp@accelerator", 100)], ids=str
+  "chain, vocab",
+  [
+    ("llama_cpp", 33),
+    pytest.param("hf", 100, marks=pytest.mark.exhaustive),
+    ("custom", 7),
+    pytest.param("llama_cpp@accelerator", 100, marks=pytest.mark.exhaustive),
+  ],
+  ids=str,
 )
 def test_a_rows_token_is_its_own(chain, vocab):
   """Batch composition, slot, batch size, candidate budget, jit and the mask form

@@ -43,6 +43,7 @@ def test_real_rows_match_the_reference(logits, recipe, stages_of, settings):
 
 # The accelerator strategy on a CPU runs every row's unrolled searches over all of V: two cases, one decided on
 # candidates (llama.cpp's defaults) and one on the full path (temperature first, top-k off).
+@pytest.mark.exhaustive
 @pytest.mark.parametrize(
   "recipe, stages_of, settings",
   [(jsample.llama_cpp, llama_stages, SETTINGS[0]), (jsample.hf, hf_stages, SETTINGS[3])],

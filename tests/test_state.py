@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jsample
-from tests.helpers import NEUTRAL_PENALTIES
+from tests.helpers import EACH_STRATEGY, NEUTRAL_PENALTIES
 
 W = 4
 V = 8
@@ -379,7 +379,7 @@ def test_drawn_tokens_are_penalised_at_the_next_step():
   np.testing.assert_array_equal(second, [1] * 4 + [2] * 4)
 
 
-@pytest.mark.parametrize("strategy", ["cpu", "accelerator"])
+@pytest.mark.parametrize("strategy", EACH_STRATEGY)
 def test_fork_gives_n_samples_per_row_as_separate_rows_with_derived_streams(strategy):
   """Copy j of row i draws what a row of its own with the key fold_in(key_i, j) draws, step after step."""
   rng = np.random.default_rng(8)

@@ -17,7 +17,7 @@ import pytest
 
 import jsample
 import jsample.testing
-from tests.helpers import equations, primitives
+from tests.helpers import EACH_STRATEGY, equations, primitives
 
 B, V = 64, 262144
 
@@ -91,19 +91,19 @@ def test_vmap_of_pick_runs_the_batched_program():
   assert "while" not in every and "scan" not in every and every.count("cond") == 2
 
 
-def test_vmap_of_pick_gives_the_batched_tokens_with_shared_and_per_row_arguments():
+@pytest.mark.parametrize("strategy", EACH_STRATEGY)
+def test_vmap_of_pick_gives_the_batched_tokens_with_shared_and_per_row_arguments(strategy):
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(0, 2, (6, 3000)), jnp.float32)
   allowed = jnp.asarray(rng.random((6, 3000)) < 0.5)
-  for strategy in ("cpu", "accelerator"):
-    sampler = jsample.llama_cpp(strategy=strategy, top_k=0, top_p=[0.9, 1.0, 0.5, 0.99, 0.95, 0.7])
-    state = sampler.init(seed=np.arange(6), prompt=rng.integers(0, 3000, (6, 5)))
-    pick = jax.jit(sampler.pick)  # one compiled program for both batched calls below
-    batched = pick(x, state, allowed)
-    mapped = jax.jit(jax.vmap(sampler.pick))(x, state, allowed)
-    np.testing.assert_array_equal(mapped[0], batched[0])
-    np.testing.assert_array_equal(mapped[1].window, batched[1].window)
-    shared = jax.jit(jax.vmap(sampler.pick, in_axes=(None, 0, None)))(x[0], state, allowed[0])  # one row for all
-    np.testing.assert_array_equal(shared[0], pick(jnp.tile(x[:1], (6, 1)), state, jnp.tile(allowed[:1], (6, 1)))[0])
-    probs = jax.jit(jax.vmap(sampler.probs))(x, state, allowed)
-    np.testing.assert_allclose(probs, jax.jit(sampler.probs)(x, state, allowed), atol=1e-7)
+  sampler = jsample.llama_cpp(strategy=strategy, top_k=0, top_p=[0.9, 1.0, 0.5, 0.99, 0.95, 0.7])
+  state = sampler.init(seed=np.arange(6), prompt=rng.integers(0, 3000, (6, 5)))
+  pick = jax.jit(sampler.pick)  # one compiled program for both batched calls below
+  batched = pick(x, state, allowed)
+  mapped = jax.jit(jax.vmap(sampler.pick))(x, state, allowed)
+  np.testing.assert_array_equal(mapped[0], batched[0])
+  np.testing.assert_array_equal(mapped[1].window, batched[1].window)
+  shared = jax.jit(jax.vmap(sampler.pick, in_axes=(None, 0, None)))(x[0], state, allowed[0])  # one row for all
+  np.testing.assert_array_equal(shared[0], pick(jnp.tile(x[:1], (6, 1)), state, jnp.tile(allowed[:1], (6, 1)))[0])
+  probs = jax.jit(jax.vmap(sampler.probs))(x, state, allowed)
+  np.testing.assert_allclose(probs, jax.jit(sampler.probs)(x, state, allowed), atol=1e-7)

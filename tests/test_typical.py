@@ -6,6 +6,7 @@ import pytest
 
 import jsample
 import jsample.testing
+from tests.helpers import EACH_STRATEGY
 
 
 def typical_reference(x: np.ndarray, s: dict, window: list[int]) -> np.ndarray:
@@ -75,7 +76,7 @@ def test_typical_conforms():
   jsample.testing.assert_stage_conforms(jsample.typical(), typical_reference, SETTINGS)
 
 
-@pytest.mark.parametrize("strategy", jsample.testing.STRATEGIES)
+@pytest.mark.parametrize("strategy", EACH_STRATEGY)
 def test_typical_equals_llama_cpp_where_llama_cpp_is_defined(strategy):
   """No candidate of probability 0: llama.cpp's float32 arithmetic and jsample keep the same tokens."""
   rng = np.random.default_rng(5)
