@@ -20,12 +20,12 @@ PENALTIES_OFF = dict(repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty
 NEUTRAL_PENALTIES = dict(PENALTIES_OFF, penalty_last_n=-1)  # the recipes' defaults
 NEUTRAL = dict(NEUTRAL_PENALTIES, top_k=0, top_p=1.0, min_p=0.0, temperature=1.0)  # the whole llama.cpp chain
 
-# -- random rows ---------------------------------------------------------------------
-
 # The strategies as test parameters. The accelerator strategy's own checks (golden tokens, every stage's
 # conformance on both strategies, its structure) are in the default run; its repeats of the reference grids on a
 # CPU, where each case is a long compile of unrolled searches, are in the exhaustive tier.
 EACH_STRATEGY = [s if s == "cpu" else pytest.param(s, marks=pytest.mark.exhaustive) for s in jsample.testing.STRATEGIES]
+
+# -- random rows ---------------------------------------------------------------------
 
 KINDS = ("normal", "peaked", "flat", "ties", "bf16", "holes")
 

@@ -220,8 +220,8 @@ def _times(a_hi: jax.Array, a_lo: jax.Array, b_hi: jax.Array, b_lo: jax.Array) -
 def _scaled_power(mult: jax.Array, base: jax.Array, e: jax.Array, bits: int = 31) -> jax.Array:
   """``float(double(mult) * pow(double(base), e))`` for integers ``0 <= e < 2^bits``, in float32 pairs.
 
-  Squaring in double-float (about 48 bits) then rounding once to float32 gives
-  llama.cpp's double result bar a tie within ``2^-48`` of a rounding boundary.
+  Squaring in double-float (about 47 bits) then rounding once to float32 gives
+  llama.cpp's double result bar a tie within about ``2^bits * 2^-47`` of a rounding boundary.
   ``base`` and ``mult`` may be a row's scalars beside a ``[K]`` of ``e``: the
   squares are then computed once for the row, not once per candidate.
   """
