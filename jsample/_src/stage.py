@@ -5,7 +5,10 @@ A stage acts once per draw, on one of two paths of :meth:`Sampler.pick`:
 - ``on_candidates`` works on :class:`Candidates`, the ``K`` best tokens of the
   row after the one ``O(V)`` cut, like llama.cpp's token data array;
 - ``on_row`` works on the full ``[V]`` row (the fallback, exact for any
-  setting) and must never sort it.
+  setting) and must never sort it. Its ``O(V)`` work sits behind a
+  ``lax.cond`` on the settings, with the row passed through as the *false*
+  branch: XLA's CPU backend copies a row that the true branch returns
+  unchanged (a pass over ``V`` for nothing), but not one from the false branch.
 
 Both see one row at a time (the sampler maps them over the batch) and must
 remove the same tokens and leave the same logits, so that both paths draw the
@@ -318,7 +321,7 @@ def elementwise(
       alive = logits > -jnp.inf
       return jnp.where(alive, rule(logits, ctx.ids(logits.shape[0]), jnp.max(logits), s, ctx), -jnp.inf)
 
-    return apply() if off is None else lax.cond(off(s), lambda: logits, apply)
+    return apply() if off is None else lax.cond(~off(s), apply, lambda: logits)
 
   return Stage(name, settings, on_candidates, on_row, keeps_best=keeps_best, off=off)
 

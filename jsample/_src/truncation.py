@@ -93,7 +93,7 @@ def top_k(k: int = 40) -> Stage:
       keep = ctx.search(logits, (logits > -jnp.inf).astype(jnp.int32), k)
       return jnp.where(keep, logits, -jnp.inf)
 
-    return lax.cond(k >= ctx.vocab, lambda: logits, cut)  # the search costs ~50 passes: skip it when off
+    return lax.cond(k < ctx.vocab, cut, lambda: logits)  # the search costs ~50 passes: skip it when off
 
   return Stage("top_k", (setting,), on_candidates, on_row, greedy=lambda s: s["top_k"] == 1, keeps_best=_always)
 
@@ -174,7 +174,7 @@ def top_p(p: float = 0.95, min_keep: int = 0) -> Stage:
       keep = ctx.search(logits, jnp.exp(logits - logsumexp(logits)), p)
       return _at_least(logits, s["min_keep"], jnp.where(keep, logits, -jnp.inf), ctx)
 
-    return lax.cond(p >= 1, lambda: logits, cut)
+    return lax.cond(p < 1, cut, lambda: logits)
 
   return Stage("top_p", (setting, min_keep_setting(min_keep)), on_candidates, on_row, keeps_best=_always)
 
@@ -238,6 +238,10 @@ def min_p(p: float = 0.05, min_keep: int = 0) -> Stage:
     return after._replace(logits=kept, complete=after.complete & ~short)
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
-    return _at_least(logits, s["min_keep"], threshold.on_row(logits, s, ctx), ctx)
+    def cut():
+      return _at_least(logits, s["min_keep"], threshold.on_row(logits, s, ctx), ctx)
+
+    # Off, min_keep changes nothing: one cond around both, so that no restore holds the row and XLA need not copy it.
+    return lax.cond(s["min_p"] > 0, cut, lambda: logits)
 
   return Stage("min_p", (setting, min_keep_setting(min_keep)), on_candidates, on_row, keeps_best=_always)
