@@ -191,14 +191,20 @@ def test_the_penalty_is_llama_cpps_double_rounded_once(bits):
   np.testing.assert_array_equal(got[ok], want[ok])
 
 
-@pytest.mark.parametrize("width", [1, 2, 7, 40])
+@pytest.mark.parametrize("width", [1, 2, 7, 40, 300])
 def test_both_repeat_length_forms_are_the_z_array(width):
   rng = np.random.default_rng(width)
-  for _ in range(5):
-    x = rng.integers(0, 3, width).astype(np.int32)
-    want = [next((j for j in range(width - k) if x[j] != x[j + k]), width - k) for k in range(width)]
-    for z in (dry_module._z_loop, dry_module._z_vectorised):
-      np.testing.assert_array_equal(np.asarray(z(jnp.asarray(x)))[1:], want[1:])
+  rows = [rng.integers(0, 3, width) for _ in range(4)]  # short repeats everywhere
+  rows += [np.resize(rng.integers(0, 9, p), width) for p in (1, 2, 5, 13)]  # loops, as DRY meets them
+  rows += [np.where(rng.random(width) < 0.9, 7, rng.integers(0, 3, width))]  # one token nearly everywhere
+  x = np.asarray(rows, np.int32)
+  want = [[next((j for j in range(width - k) if r[j] != r[j + k]), width - k) for k in range(width)] for r in x]
+  want = np.asarray(want, np.int32).reshape(x.shape)[:, 1:]
+  for z in (dry_module._z_loop, dry_module._z_vectorised):
+    for row, expected in zip(x, want, strict=True):
+      np.testing.assert_array_equal(np.asarray(z(jnp.asarray(row)))[1:], expected)
+    # The rows at once: the loop's own batching rule, every row ending when it is done.
+    np.testing.assert_array_equal(np.asarray(jax.vmap(z)(jnp.asarray(x)))[:, 1:], want)
 
 
 def test_double_float_squaring_survives_fma_contraction():

@@ -152,31 +152,69 @@ def _z_vectorised(x: jax.Array) -> jax.Array:
   return jnp.where(jnp.all(same, axis=1), width, jnp.argmin(same, axis=1)).astype(jnp.int32)
 
 
-def _z_loop(x: jax.Array) -> jax.Array:
-  """The Z-algorithm as one loop of at most ``2 W`` steps (a static trip count):
-  each step compares one pair, extending ``z[k]`` or closing it."""
-  (width,) = x.shape
-  if width < 2:
-    return jnp.zeros(width, jnp.int32)
-  padded = jnp.concatenate([x, jnp.full(1, -1, jnp.int32)])  # x never holds -1: a mismatch
+_CHUNK = 8  # pairs one step of the Z loop compares at once
 
-  def step(_, carry):
+
+def _z_rows(x: jax.Array) -> jax.Array:
+  """The Z array of each row of ``x`` ``[B, W]``, as one loop that ends when every row is done.
+
+  The Z-algorithm, with two shortcuts that keep its result: a position whose
+  token differs from ``x[0]`` has ``z = 0`` and is never visited, and a match is
+  extended ``_CHUNK`` pairs per step. A row's steps are its positions holding
+  ``x[0]`` plus its extensions, at most ``W + W / _CHUNK``; text that rarely
+  repeats its last token needs a few dozen. The rows step together, each
+  masked by its own ``live`` flag, so the loop carries no per-row select.
+  """
+  batch, width = x.shape
+  if width < 2:
+    return jnp.zeros((batch, width), jnp.int32)
+  rows = jnp.arange(batch)
+  index = jnp.arange(width, dtype=jnp.int32)
+  # The next position at or after each k that holds x[0] (width: none), so a step jumps straight to it.
+  ahead = lax.cummin(jnp.where(x == x[:, :1], index, width), axis=1, reverse=True)
+  ahead = jnp.concatenate([ahead, jnp.full((batch, 1), width, jnp.int32)], axis=1)
+  # Past the row, distinct ids no token has: a comparison that reaches them fails.
+  padded = jnp.concatenate([x, jnp.broadcast_to(-width - 2 - jnp.arange(_CHUNK, dtype=jnp.int32), (batch, _CHUNK))], 1)
+  offsets = jnp.arange(_CHUNK, dtype=jnp.int32)[None, :]
+
+  def step(carry):
     k, zk, left, right, z = carry
     live = k < width
-    same = live & (padded[jnp.minimum(zk, width)] == padded[jnp.minimum(k + zk, width)])
-    close = live & ~same
-    z = z.at[jnp.where(close, k, width)].set(zk, mode="drop")
-    grow = close & (k + zk > right)
-    left, right = jnp.where(grow, k, left), jnp.where(grow, k + zk, right)
-    nxt = k + 1
-    # Inside the rightmost match, z[k] starts from its mirror's value.
-    start = jnp.where(nxt < right, jnp.minimum(right - nxt, z[jnp.clip(nxt - left, 0, width - 1)]), 0)
-    zk = jnp.where(same, zk + 1, jnp.where(close, start, zk))
+    head = jnp.take_along_axis(padded, jnp.minimum(zk[:, None] + offsets, width + _CHUNK - 1), axis=1)
+    tail = jnp.take_along_axis(padded, jnp.minimum((k + zk)[:, None] + offsets, width + _CHUNK - 1), axis=1)
+    same = head == tail
+    extend = live & jnp.all(same, axis=1)
+    close = live & ~extend
+    length = zk + jnp.argmin(same, axis=1).astype(jnp.int32)
+    z = z.at[rows, jnp.where(close, k, width)].set(length, mode="drop")
+    grow = close & (k + length > right)
+    left, right = jnp.where(grow, k, left), jnp.where(grow, k + length, right)
+    nxt = ahead[rows, jnp.minimum(k + 1, width)]
+    # Inside the rightmost match, z starts from its mirror's value.
+    mirror = z[rows, jnp.clip(nxt - left, 0, width - 1)]
+    start = jnp.where(nxt < right, jnp.minimum(right - nxt, mirror), 0)
+    zk = jnp.where(extend, zk + _CHUNK, jnp.where(close, start, zk))
     return jnp.where(close, nxt, k), zk, left, right, z
 
-  zero = jnp.int32(0)
-  carry = (jnp.int32(1), zero, zero, zero, jnp.zeros(width, jnp.int32))
-  return lax.fori_loop(0, 2 * width, step, carry)[4]
+  zero = jnp.zeros(batch, jnp.int32)
+  carry = (ahead[:, 1], zero, zero, zero, jnp.zeros((batch, width), jnp.int32))
+  return lax.while_loop(lambda c: jnp.any(c[0] < width), step, carry)[4]
+
+
+@jax.custom_batching.custom_vmap
+def _z_loop(x: jax.Array) -> jax.Array:
+  """``z[k]`` = length of the common prefix of ``x`` and ``x[k:]`` (``z[0] = 0``), by :func:`_z_rows`.
+
+  Under ``vmap`` the rows go to one loop together (its own batching rule):
+  ``vmap`` of a ``while_loop`` would select every row's whole carry at every step.
+  """
+  return _z_rows(x[None])[0]
+
+
+@_z_loop.def_vmap
+def _z_loop_rows(axis_size: int, in_batched: list[bool], x: jax.Array):
+  (batched,) = in_batched
+  return (_z_rows(x), True) if batched else (_z_loop(x), False)
 
 
 def _two_sum(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
