@@ -140,3 +140,21 @@ def test_accelerator_targets_read_b256_and_b1():
     "(a) real B=1 <= 2.5x": True,
   }
   assert run.targets(results, accelerator=False) == []  # the CPU's table reads B=64
+
+
+def test_compare_times_the_shared_workloads_and_checks_their_tokens():
+  from jax import export
+
+  from bench import compare
+
+  x = np.random.default_rng(0).normal(size=(4, 64)).astype(np.float32)
+
+  def program(fn):
+    shapes = (jax.ShapeDtypeStruct(x.shape, x.dtype), [])
+    return export.export(jax.jit(lambda x, leaves: fn(x, axis=-1)))(*shapes).serialize(), (x, [])
+
+  before = {("real", "a"): program(jnp.argmax), ("flat", "a"): program(jnp.argmax)}
+  after = {("real", "a"): program(jnp.argmax), ("flat", "a"): program(jnp.argmin), ("real", "i"): program(jnp.argmax)}
+  rows = compare.interleaved(before, after, reps=3)
+  assert [(r["kind"], r["label"], r["same_tokens"]) for r in rows] == [("real", "a", True), ("flat", "a", False)]
+  assert all(r["reps"] == 3 and 0 <= r["after_faster"] <= 3 and r["before_ms"] > 0 for r in rows)
