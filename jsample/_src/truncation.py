@@ -98,18 +98,21 @@ def top_k(k: int = 40) -> Stage:
   return Stage("top_k", (setting,), on_candidates, on_row, greedy=lambda s: s["top_k"] == 1, keeps_best=_always)
 
 
-def _at_least(logits: jax.Array, least: jax.Array, kept: jax.Array, ctx: Context) -> jax.Array:
-  """``kept`` (a full row's logits after a cut) with the ``least`` best of ``logits`` restored (``min_keep``).
+def _cut_row(logits: jax.Array, on: jax.Array, least: jax.Array, keep, ctx: Context) -> jax.Array:
+  """A cut of a full row: ``logits`` where not ``on``, else the tokens ``keep()`` marks with the ``least`` best
+  restored (``min_keep``).
 
-  The search that finds them costs passes over the row, so rows with ``least <= 1`` skip it: a cut that keeps the
-  best token already keeps one.
+  The search for the ``least`` best costs passes over the row, so rows with ``least <= 1`` skip it: a cut that
+  keeps the best token already keeps one. Only the mask comes out of that ``lax.cond``, never the row: on XLA's
+  CPU backend a branch that returns a row from a nested ``lax.cond`` copies it.
   """
 
-  def restore():
-    best = ctx.search(logits, (logits > -jnp.inf).astype(jnp.int32), least)
-    return jnp.where(best, logits, kept)
+  def cut():
+    alive = (logits > -jnp.inf).astype(jnp.int32)
+    best = lax.cond(least > 1, lambda: ctx.search(logits, alive, least), lambda: jnp.zeros(logits.shape, bool))
+    return jnp.where(keep() | best, logits, -jnp.inf)
 
-  return lax.cond(least > 1, restore, lambda: kept)
+  return lax.cond(on, cut, lambda: logits)
 
 
 def top_p(p: float = 0.95, min_keep: int = 0) -> Stage:
@@ -169,12 +172,8 @@ def top_p(p: float = 0.95, min_keep: int = 0) -> Stage:
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
     p = s["top_p"]
-
-    def cut():
-      keep = ctx.search(logits, jnp.exp(logits - logsumexp(logits)), p)
-      return _at_least(logits, s["min_keep"], jnp.where(keep, logits, -jnp.inf), ctx)
-
-    return lax.cond(p < 1, cut, lambda: logits)
+    keep = lambda: ctx.search(logits, jnp.exp(logits - logsumexp(logits)), p)  # noqa: E731
+    return _cut_row(logits, p < 1, s["min_keep"], keep, ctx)
 
   return Stage("top_p", (setting, min_keep_setting(min_keep)), on_candidates, on_row, keeps_best=_always)
 
@@ -238,10 +237,7 @@ def min_p(p: float = 0.05, min_keep: int = 0) -> Stage:
     return after._replace(logits=kept, complete=after.complete & ~short)
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
-    def cut():
-      return _at_least(logits, s["min_keep"], threshold.on_row(logits, s, ctx), ctx)
-
-    # Off, min_keep changes nothing: one cond around both, so that no restore holds the row and XLA need not copy it.
-    return lax.cond(s["min_p"] > 0, cut, lambda: logits)
+    keep = lambda: rule(logits, ctx.ids(logits.shape[0]), jnp.max(logits), s, ctx) > -jnp.inf  # noqa: E731
+    return _cut_row(logits, s["min_p"] > 0, s["min_keep"], keep, ctx)
 
   return Stage("min_p", (setting, min_keep_setting(min_keep)), on_candidates, on_row, keeps_best=_always)
