@@ -127,6 +127,21 @@ class _Repeats:
     return _scaled_power(self.s["dry_multiplier"], base, jnp.maximum(e, 0), bits=max(1, self.width.bit_length()))
 
 
+def _by_id(ids: jax.Array, vocab: int) -> tuple[jax.Array, jax.Array]:
+  """``ids`` sorted, and the slot each came from.
+
+  Where the vocabulary allows, id and slot travel as one int32 key: XLA's CPU backend sorts a lone int32
+  array about ten times faster than a pair of arrays. Ids outside ``[-1, V]`` match no token of the window
+  either way.
+  """
+  (width,) = ids.shape
+  slots = jnp.arange(width, dtype=jnp.int32)
+  if (vocab + 2) * width >= 2**31:
+    return lax.sort((ids, slots), num_keys=1)
+  key = lax.sort((jnp.clip(ids, -1, vocab) + 1) * width + slots)
+  return key // width - 1, key % width
+
+
 def _rep_limit(x: jax.Array, n: jax.Array, breakers: jax.Array) -> jax.Array:
   """Tokens after the most recent complete breaker (its longest match), or ``n``."""
   (width,) = x.shape
@@ -362,7 +377,7 @@ def dry(
     # Look the window's tokens up among the candidates (sorted once), not every pair:
     # [K, W] comparisons fused with a reduction cost far more on a CPU.
     (width,) = c.ids.shape
-    ranked, where = lax.sort((c.ids, jnp.arange(width, dtype=jnp.int32)), num_keys=1)
+    ranked, where = _by_id(c.ids, ctx.vocab)
 
     # A binary search is a loop: cheap on a CPU, a host round trip per step on a GPU.
     method = "compare_all" if ctx.branch_free else "scan"
