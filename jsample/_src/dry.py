@@ -137,7 +137,8 @@ def _by_id(ids: jax.Array, vocab: int) -> tuple[jax.Array, jax.Array]:
   (width,) = ids.shape
   slots = jnp.arange(width, dtype=jnp.int32)
   if (vocab + 2) * width >= 2**31:
-    return lax.sort((ids, slots), num_keys=1)
+    ranked, where = lax.sort((ids, slots), num_keys=1)
+    return ranked, where
   key = lax.sort((jnp.clip(ids, -1, vocab) + 1) * width + slots)
   return key // width - 1, key % width
 
