@@ -59,6 +59,17 @@ def test_default_dry_breakers_become_llama_cpps_token_sequences(loaded):
   assert {1473, 108, 1017} <= {sequence[0] for sequence in got}
 
 
+def test_a_multi_token_breaker_becomes_llama_cpps_heads_and_tails(loaded):
+  # Recorded from llama.cpp 0c1e570's get_overlapping_token_sequences on this GGUF: every token ending in a
+  # space (30 runs of spaces, <0x20>, '▁') is a head followed by 'and then', and '▁a', '▁an', '▁and' by the
+  # rest. (The reference file's 67 entries are "\n" and " and then" together: 32 + 35.)
+  spaces = [*range(138, 168), 270, 236743]
+  want = [[t, 624, 1299] for t in spaces] + [[496, 523, 1299], [532, 1299], [614, 236753, 1299]]
+  got = jsample.dry_breaker_sequences([" and then"], loaded.tokenizer)
+  assert sorted(got) == sorted(want)
+  assert len(jsample.dry_breaker_sequences(["\n", " and then"], loaded.tokenizer)) == 67
+
+
 @pytest.mark.parametrize(
   "text",
   [
