@@ -90,6 +90,14 @@ def test_builtin_stage_conforms(name):
   jsample.testing.assert_stage_conforms(stage, ref, settings)
 
 
+def test_penalties_conform_past_the_pairwise_window():
+  """Past 128 tokens the candidates look the window's tokens up (a sort of the candidates and a search)
+  instead of comparing every pair."""
+  stage, _, settings = CASES["penalties"]
+  ref = _one_stage("penalties", _penalty_weights)
+  jsample.testing.assert_stage_conforms(stage, ref, settings, window_size=160)
+
+
 def test_top_n_sigma_conforms():
   settings = [dict(top_n_sigma=1.013), dict(top_n_sigma=0.0), dict(top_n_sigma=2.517), dict(top_n_sigma=0.331)]
   jsample.testing.assert_stage_conforms(jsample.top_n_sigma(), _top_n_sigma, settings)

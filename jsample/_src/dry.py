@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jsample._src import lookup
 from jsample._src.stage import Candidates, Context, Setting, Settings, Stage, always_valid
 
 _FLOAT_MAX_LOG = 88.7228391  # llama.cpp's log(FLT_MAX)
@@ -125,22 +126,6 @@ class _Repeats:
     e = jnp.where((top > 0) & (e > top), top, e)
     # A repeat fits in the window, so e <= W: W's bits are all the power needs (a smaller program to compile).
     return _scaled_power(self.s["dry_multiplier"], base, jnp.maximum(e, 0), bits=max(1, self.width.bit_length()))
-
-
-def _by_id(ids: jax.Array, vocab: int) -> tuple[jax.Array, jax.Array]:
-  """``ids`` sorted, and the slot each came from.
-
-  Where the vocabulary allows, id and slot travel as one int32 key: XLA's CPU backend sorts a lone int32
-  array about ten times faster than a pair of arrays. Ids outside ``[-1, V]`` match no token of the window
-  either way.
-  """
-  (width,) = ids.shape
-  slots = jnp.arange(width, dtype=jnp.int32)
-  if (vocab + 2) * width >= 2**31:
-    ranked, where = lax.sort((ids, slots), num_keys=1)
-    return ranked, where
-  key = lax.sort((jnp.clip(ids, -1, vocab) + 1) * width + slots)
-  return key // width - 1, key % width
 
 
 def _rep_limit(x: jax.Array, n: jax.Array, breakers: jax.Array) -> jax.Array:
@@ -378,14 +363,10 @@ def dry(
     # Look the window's tokens up among the candidates (sorted once), not every pair:
     # [K, W] comparisons fused with a reduction cost far more on a CPU.
     (width,) = c.ids.shape
-    ranked, where = _by_id(c.ids, ctx.vocab)
-
-    # A binary search is a loop: cheap on a CPU, a host round trip per step on a GPU.
-    method = "compare_all" if ctx.branch_free else "scan"
+    found = lookup.index(c.ids, ctx.vocab)
 
     def slots(tokens, use):
-      at = jnp.clip(jnp.searchsorted(ranked, tokens, method=method), 0, width - 1)
-      return where[jnp.where(use & (ranked[at] == tokens), at, width - 1)], use & (ranked[at] == tokens)
+      return lookup.find(found, tokens, use, branch_free=ctx.branch_free)
 
     slot, hit = slots(r.follows, r.extends)
     longest = jnp.full(width, -1, jnp.int32).at[jnp.where(hit, slot, width)].max(r.length, mode="drop")

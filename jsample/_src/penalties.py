@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jsample._src import generated
+from jsample._src import generated, lookup
 from jsample._src.stage import Candidates, Context, Setting, Settings, Stage
 
 SCOPES = ("llama.cpp", "openai")
@@ -69,20 +69,19 @@ def _recent(s: Settings, ctx: Context) -> jax.Array:
   return (age < jnp.minimum(last_n, ctx.position)) & (ctx.window >= 0)
 
 
-def _counts(ids: jax.Array, recent: jax.Array) -> jax.Array:
-  """How often each of ``ids [N]`` occurs in ``recent [W]`` (``-1``: no token)."""
-  (width,) = recent.shape
+def _counter(ids: jax.Array, ctx: Context):
+  """``recent [W] -> [N]``: how often each of the candidates ``ids [N]`` occurs in a window (``-1``: no token)."""
+  (width,) = ctx.window.shape
+  (n,) = ids.shape
   if width <= 128:  # comparing every pair is cheapest for short windows
-    return jnp.sum(ids[:, None] == recent[None, :], axis=1)
-  ordered = jnp.sort(recent)
-  # One binary search (a fixed-length loop, cheap on a CPU; the accelerator's
-  # structural test covers windows of up to 128, which compare every pair)
-  # finds each id's run in the sorted window; the run's end comes from a
-  # reverse running minimum of where runs end.
-  start = jnp.clip(jnp.searchsorted(ordered, ids), 0, width - 1)
-  ends = jnp.concatenate([ordered[1:] != ordered[:-1], jnp.ones(1, bool)])
-  end = lax.cummin(jnp.where(ends, jnp.arange(width), width), reverse=True) + 1
-  return jnp.where(ordered[start] == ids, end[start] - start, 0)
+    return lambda recent: jnp.sum(ids[:, None] == recent[None, :], axis=1)
+  found = lookup.index(ids, ctx.vocab)  # once for both windows of OpenAI's scope
+
+  def counts(recent):
+    slot, hit = lookup.find(found, recent, recent >= 0, branch_free=ctx.branch_free)
+    return jnp.zeros(n, jnp.int32).at[jnp.where(hit, slot, n)].add(1, mode="drop")
+
+  return counts
 
 
 def _usable(s: Settings) -> jax.Array:
@@ -205,8 +204,9 @@ def penalties(
     return jnp.where(_recent(s, ctx) & generated.in_window(ctx.state, ctx), ctx.window, -1)
 
   def on_candidates(c: Candidates, s: Settings, ctx: Context) -> Candidates:
-    count = _counts(c.ids, touches(s, ctx))
-    made = _counts(c.ids, fresh(s, ctx)) if openai else None
+    counts = _counter(c.ids, ctx)
+    count = counts(touches(s, ctx))
+    made = counts(fresh(s, ctx)) if openai else None
     active = _active(s, ctx)
     return c._replace(logits=_penalise(c.logits, count, made, s), log_z_known=c.log_z_known & ~active)
 
