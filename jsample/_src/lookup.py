@@ -2,7 +2,7 @@
 
 The ``N`` candidates are sorted by id once, and each of the ``W`` window tokens is searched among them: a sort
 of ``N`` (about ``2K``), not of ``W``, which runs to thousands. On XLA's CPU backend the sort is the costly
-step: 64 rows of 1024 int32 ids take about 3.7 ms, 64 rows of 256 about 0.3 ms.
+step: 64 rows of 1024 int32 ids take about 1.6 ms, 64 rows of 256 about 0.3 ms.
 """
 
 from typing import NamedTuple
