@@ -16,10 +16,10 @@ import numpy as np
 from jax import lax
 
 import jsample
-from bench import workloads
+from bench import batched, workloads
 from bench.run import timed
-from jsample._src import batched, cut, noise, search
-from jsample._src.stage import logsumexp
+from jsample._src.kernels import cut, noise, search
+from jsample._src.kernels.rowmath import logsumexp
 
 
 def cases(logits: jax.Array) -> dict:

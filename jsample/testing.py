@@ -27,10 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jsample._src import draw, paths, run
+from jsample._src.kernels.strategy import select
 from jsample._src.sampler import Sampler, chain
 from jsample._src.stage import Stage
-from jsample._src.strategy import select
-from jsample._src.temperature import temperature
+from jsample._src.stages.temperature import temperature
 
 Reference = Callable[[np.ndarray, dict[str, Any], list[int]], np.ndarray]
 """``(row [V] float64, one row's settings, window oldest first) -> final logits [V] float64``."""

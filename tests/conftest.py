@@ -6,7 +6,7 @@ import jax
 import pytest
 
 from bench import reference
-from jsample._src import strategy as strategies
+from jsample._src.kernels import strategy as strategies
 from tests.helpers import EACH_STRATEGY
 
 # equinox's strictness: a silent [B] x [B, V] broadcast or an implicit dtype

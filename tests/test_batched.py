@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 import jsample
-from jsample._src import batched, cut, noise, search
-from jsample._src.stage import logsumexp
+from bench import batched
+from jsample._src.kernels import cut, noise, search
+from jsample._src.kernels.rowmath import logsumexp
 from tests import helpers as rows
 
 VOCABS = (1, 7, 1000, 4099)

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jsample._src import cut
-from jsample._src.masks import pack
+from jsample._src.kernels import cut
+from jsample._src.kernels.masks import pack
 from tests.helpers import CUT_KINDS, cut_rows
 
 

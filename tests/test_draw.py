@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 import jsample
-from jsample._src import noise
+from jsample._src.kernels import noise
 from tests import reference
 from tests.helpers import (
   KINDS,

@@ -9,7 +9,7 @@ import pytest
 
 import jsample
 import jsample.testing
-from jsample._src import dry as dry_module
+from jsample._src.stages import dry as dry_module
 
 F32 = np.float32
 

@@ -5,9 +5,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jsample._src import noise
+from jsample._src.kernels import noise
+from jsample._src.kernels.rowmath import logsumexp
 from jsample._src.logprobs import Logprobs
-from jsample._src.stage import logsumexp
 
 
 class Draw(NamedTuple):

@@ -13,8 +13,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jsample._src import cut
-from jsample._src.strategy import Strategy
+from jsample._src.kernels import cut
+from jsample._src.kernels.strategy import Strategy
 
 
 class Logprobs(NamedTuple):

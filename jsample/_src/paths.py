@@ -13,9 +13,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jsample._src import cut
+from jsample._src.kernels import cut
+from jsample._src.kernels.strategy import Strategy, select
 from jsample._src.stage import Candidates, Context, Stage
-from jsample._src.strategy import Strategy, select
 
 
 class Rows(NamedTuple):

@@ -13,24 +13,22 @@ from collections.abc import Callable
 
 import numpy as np
 
-from jsample._src.allowed_tokens import allowed_tokens
-from jsample._src.banned_tokens import banned_tokens
-from jsample._src.dry import dry
-from jsample._src.epsilon import epsilon
-from jsample._src.eta import eta
-from jsample._src.logit_bias import logit_bias
-from jsample._src.min_tokens import min_tokens
-from jsample._src.mirostat import mirostat
-from jsample._src.penalties import penalties
 from jsample._src.sampler import Sampler, chain
 from jsample._src.stage import Stage
-from jsample._src.temperature import temperature as temperature_stage
-from jsample._src.top_n_sigma import top_n_sigma
-from jsample._src.truncation import min_p as min_p_stage
-from jsample._src.truncation import top_k as top_k_stage
-from jsample._src.truncation import top_p as top_p_stage
-from jsample._src.typical import typical
-from jsample._src.xtc import xtc
+from jsample._src.stages.dry import dry
+from jsample._src.stages.floors import epsilon, eta
+from jsample._src.stages.logit_bias import logit_bias
+from jsample._src.stages.min_tokens import min_tokens
+from jsample._src.stages.mirostat import mirostat
+from jsample._src.stages.penalties import penalties
+from jsample._src.stages.temperature import temperature as temperature_stage
+from jsample._src.stages.token_lists import allowed_tokens, banned_tokens
+from jsample._src.stages.top_n_sigma import top_n_sigma
+from jsample._src.stages.truncation import min_p as min_p_stage
+from jsample._src.stages.truncation import top_k as top_k_stage
+from jsample._src.stages.truncation import top_p as top_p_stage
+from jsample._src.stages.typical import typical
+from jsample._src.stages.xtc import xtc
 
 # Each stage by name, with the static sizes of its factory that a recipe keyword may set.
 _STAGES: dict[str, tuple[Callable[..., Stage], dict[str, str]]] = {

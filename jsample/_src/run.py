@@ -11,9 +11,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jsample._src import checked, draw, logprobs, noise, paths, validation
-from jsample._src import strategy as strategies
+from jsample._src import checked, draw, logprobs, paths, validation
 from jsample._src.draw import Draw
+from jsample._src.kernels import noise
+from jsample._src.kernels import strategy as strategies
 from jsample._src.state import SamplerState, append
 
 

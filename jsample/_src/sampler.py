@@ -57,7 +57,7 @@ class Sampler:
       changes speed only, never a token.
     vocab_size: ``V`` if known; then prompts and logits are checked against it.
     strategy: ``"auto"``, ``"cpu"`` or ``"accelerator"`` (see
-      :mod:`jsample._src.strategy`); the tokens are the same.
+      :mod:`jsample._src.kernels.strategy`); the tokens are the same.
     checking: what :meth:`checked` turned on; None for an unchecked sampler.
 
   Examples:

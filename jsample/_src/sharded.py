@@ -33,8 +33,9 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jsample._src import cut, draw, masks, paths, run
-from jsample._src import strategy as strategies
+from jsample._src import draw, paths, run
+from jsample._src.kernels import cut, masks
+from jsample._src.kernels import strategy as strategies
 from jsample._src.state import SamplerState
 
 

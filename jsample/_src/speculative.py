@@ -15,9 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jsample._src import masks, noise, run, validation
-from jsample._src import strategy as strategies
+from jsample._src import run, validation
 from jsample._src.draw import Draw
+from jsample._src.kernels import masks, noise
+from jsample._src.kernels import strategy as strategies
 from jsample._src.state import SamplerState
 
 # The verifier's own stream at a step is fold_in(step key, _TAG): its coin and

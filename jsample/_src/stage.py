@@ -39,8 +39,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jsample._src import noise
-from jsample._src.search import shortest_prefix
+from jsample._src.kernels import noise
+from jsample._src.kernels.rowmath import logsumexp
+from jsample._src.kernels.search import shortest_prefix
 
 Settings = dict[str, jax.Array]
 """One row's setting values, by name (scalars ``[]`` or short vectors ``[N]``)."""
@@ -324,19 +325,6 @@ def elementwise(
     return apply() if off is None else lax.cond(~off(s), apply, lambda: logits)
 
   return Stage(name, settings, on_candidates, on_row, keeps_best=keeps_best, off=off)
-
-
-def logsumexp(logits: jax.Array) -> jax.Array:
-  """``log Σ exp`` that returns ``-inf`` (not NaN) when every entry is ``-inf``."""
-  top = jnp.max(logits)
-  shift = jnp.where(top > -jnp.inf, top, 0.0)
-  return shift + jnp.log(jnp.sum(jnp.exp(logits - shift)))
-
-
-def entropy(logits: jax.Array, log_z: jax.Array) -> jax.Array:
-  """``H = Σ p (log_z - logit)`` in nats over the survivors (``0 log 0 = 0``), given their ``log_z``."""
-  surprise = jnp.where(logits > -jnp.inf, log_z - logits, 0.0)
-  return jnp.sum(jnp.exp(-surprise) * surprise)
 
 
 def survivor_rank(logits: jax.Array) -> jax.Array:

@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jsample._src import masks
+from jsample._src.kernels import masks
+from jsample._src.kernels.strategy import NAMES as STRATEGIES
 from jsample._src.stage import Setting, Stage
-from jsample._src.strategy import NAMES as STRATEGIES
 
 
 def is_concrete(value) -> bool:

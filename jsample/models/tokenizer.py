@@ -15,7 +15,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+# GGUF's token types, defined beside the vocabulary readers and re-exported here for the tokenizer's users.
+from jsample._src.readers.llama_vocab import BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED  # noqa: F401
+
 SPACE = "\u2581"  # ▁
 
 

@@ -8,43 +8,14 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jsample._src.stage import (
-  Candidates,
-  Context,
-  Setting,
-  Settings,
-  Stage,
-  always_valid,
-  elementwise,
-  logsumexp,
-  survivor_rank,
-)
+from jsample._src.kernels.rowmath import logsumexp
+from jsample._src.stage import Candidates, Context, Setting, Settings, Stage, always_valid, elementwise, survivor_rank
+from jsample._src.stages._min_keep import min_keep_setting
 
 
 def _always(s: Settings) -> jax.Array:
   """A :attr:`Stage.keeps_best` for truncations, which never drop the best token."""
   return jnp.bool_(True)
-
-
-def _non_negative(v):
-  return v >= 0
-
-
-def min_keep_setting(n: int = 0) -> Setting:
-  """``min_keep``, shared by the stages that take one (top-p, min-p, typical, XTC), as llama.cpp passes one to all.
-
-  Every such stage declares it with this function, so that a chain holds one
-  value per row (:class:`Stage` shares settings declared alike).
-  """
-  return Setting(
-    "min_keep",
-    n,
-    jnp.int32,
-    _non_negative,
-    "an integer >= 0",
-    0,
-    "top-p, min-p, typical and XTC keep at least this many tokens (0 and 1 alike)",
-  )
 
 
 def top_k(k: int = 40) -> Stage:

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jsample._src import lookup
+from jsample._src.kernels import lookup
 from jsample._src.stage import Candidates, Context, Setting, Settings, Stage, always_valid
 
 _FLOAT_MAX_LOG = 88.7228391  # llama.cpp's log(FLT_MAX)

@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jsample._src import masks
-from jsample._src.stage import logsumexp
+from jsample._src.kernels import masks
+from jsample._src.kernels.rowmath import logsumexp
 
 CHUNK = 32
 

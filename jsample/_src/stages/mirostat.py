@@ -13,8 +13,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jsample._src import cut
-from jsample._src.stage import Candidates, Context, Setting, Settings, Stage, logsumexp, survivor_rank
+from jsample._src.kernels import cut
+from jsample._src.kernels.rowmath import logsumexp
+from jsample._src.stage import Candidates, Context, Setting, Settings, Stage, survivor_rank
 
 M = 100
 """llama.cpp's ``m``: how many of the best tokens v1 fits its Zipf exponent to (common/sampling.cpp)."""

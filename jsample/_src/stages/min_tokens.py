@@ -5,15 +5,15 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from jsample._src import generated
-from jsample._src.banned_tokens import ban_stage, id_list
 from jsample._src.stage import Context, Setting, Settings, Stage
+from jsample._src.stages import new_tokens
+from jsample._src.stages._id_lists import ban_stage, id_list
 
 
 def min_tokens(n: int = 0, eos: Sequence[int] = (), *, size: int = 4) -> Stage:
   """Bans a row's end-of-sequence ids while it has generated fewer than ``min_tokens`` tokens.
 
-  New tokens are counted by the stage's own state (:mod:`generated`): every
+  New tokens are counted by the stage's own state (:mod:`new_tokens`): every
   token drawn by :meth:`Sampler.pick` or given to :meth:`Sampler.accept` since
   the last prompt (``init(prompt=...)`` or :meth:`Sampler.load_prompt`) counts,
   so load prompts that way, not token by token through ``accept``. While the
@@ -55,13 +55,13 @@ def min_tokens(n: int = 0, eos: Sequence[int] = (), *, size: int = 4) -> Stage:
   ids = id_list("eos_token_ids", eos, size, "the end-of-sequence ids that min_tokens bans (-1 pads the list)")
 
   def banned(s: Settings, ctx: Context) -> jax.Array:
-    early = generated.count(ctx.state, ctx) < s["min_tokens"]
+    early = new_tokens.count(ctx.state, ctx) < s["min_tokens"]
     return jnp.where(early, s["eos_token_ids"], -1)
 
   def update(state, token, logprob, s: Settings, ctx: Context):
-    return generated.update(state, ctx)
+    return new_tokens.update(state, ctx)
 
   def off(s: Settings) -> jax.Array:
     return (s["min_tokens"] <= 0) | jnp.all(s["eos_token_ids"] < 0)
 
-  return ban_stage("min_tokens", (count, ids), banned, init_state=generated.init, update=update, off=off)
+  return ban_stage("min_tokens", (count, ids), banned, init_state=new_tokens.init, update=update, off=off)

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jsample._src import cut, noise, search
+from jsample._src.kernels import cut, noise, search
 
 _ID_SENTINEL = np.iinfo(np.int32).max
 
@@ -248,6 +248,6 @@ def log_normalisers(raw: jax.Array, mask: jax.Array | None, top: jax.Array | Non
   x = clean(raw, mask)
   if top is None:
     top = jnp.max(x, axis=-1)
-  # stage.logsumexp, batched: the same shift, exp and sum per row.
+  # rowmath.logsumexp, batched: the same shift, exp and sum per row.
   shift = jnp.where(top > -jnp.inf, top, 0.0)
   return shift + jnp.log(jnp.sum(jnp.exp(x - shift[:, None]), axis=-1))

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jsample._src.banned_tokens import id_list, slots
 from jsample._src.stage import Candidates, Context, Setting, Settings, Stage
+from jsample._src.stages._id_lists import id_list, slots
 
 
 def _biases(s: Settings) -> tuple[jax.Array, jax.Array]:

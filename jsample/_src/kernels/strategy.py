@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jsample._src import noise, search
+from jsample._src.kernels import noise, search
 
 NAMES = ("auto", "cpu", "accelerator")
 

@@ -4,7 +4,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jsample._src.stage import Candidates, Context, Setting, Settings, Stage, entropy, logsumexp
+from jsample._src.kernels.rowmath import entropy, logsumexp
+from jsample._src.stage import Candidates, Context, Setting, Settings, Stage
 
 
 def _scale(logits: jax.Array, best: jax.Array, t: jax.Array) -> jax.Array:

@@ -4,8 +4,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jsample._src.stage import Candidates, Context, Setting, Settings, Stage, logsumexp, survivor_rank
-from jsample._src.truncation import min_keep_setting
+from jsample._src.kernels.rowmath import logsumexp
+from jsample._src.stage import Candidates, Context, Setting, Settings, Stage, survivor_rank
+from jsample._src.stages._min_keep import min_keep_setting
 
 _SALT = 0x787463  # "xtc": the coin's place in the row's stream, apart from the draw's noise
 

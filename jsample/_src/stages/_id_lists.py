@@ -1,4 +1,4 @@
-"""Banned token ids: a per-row list of ids that are never drawn (a logit bias of ``-inf``)."""
+"""Per-row lists of token ids, and the stage that removes listed ids: shared by the token-list stages."""
 
 from collections.abc import Callable, Sequence
 
@@ -65,28 +65,3 @@ def ban_stage(
     return jnp.bool_(True)  # a ban only removes
 
   return Stage(name, settings, on_candidates, on_row, touches=banned, lowers=lowers, **kw)
-
-
-def banned_tokens(ids: Sequence[int] = (), *, size: int = 16) -> Stage:
-  """Never draws the listed token ids (HF's ``suppress_tokens``, a logit bias of ``-inf``).
-
-  Args:
-    ids: the default ``banned_token_ids`` of every row; rows override them
-      in ``init`` with ``[size]`` (or ``[B, size]``) lists padded with ``-1``.
-    size: the longest list a row can hold (static).
-
-  Returns:
-    A :class:`Stage` that acts before the cut, on the listed ids only.
-
-  Examples:
-    >>> import jax.numpy as jnp, jsample
-    >>> sampler = jsample.chain(jsample.banned_tokens(size=2), jsample.temperature(0.0))
-    >>> state = sampler.init(seed=0, banned_token_ids=[[2, -1], [2, 1]])
-    >>> tokens, state = sampler.pick(jnp.array([[0.0, 1.0, 2.0], [0.0, 1.0, 2.0]]), state)
-    >>> tokens.tolist()
-    [1, 0]
-  """
-  setting = id_list("banned_token_ids", ids, size, "token ids never to draw (-1 pads the list)")
-  return ban_stage(
-    "banned_tokens", (setting,), lambda s, ctx: s["banned_token_ids"], off=lambda s: jnp.all(s["banned_token_ids"] < 0)
-  )

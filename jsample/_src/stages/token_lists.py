@@ -1,4 +1,5 @@
-"""Allowed token ids: a per-row list of the only ids that may be drawn (vLLM's ``allowed_token_ids``)."""
+"""Token-id lists: the only ids a row may draw (vLLM's ``allowed_token_ids``), and ids it never draws
+(a logit bias of ``-inf``)."""
 
 from collections.abc import Sequence
 
@@ -6,8 +7,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jsample._src.banned_tokens import id_list, listed, slots
 from jsample._src.stage import Candidates, Context, Settings, Stage
+from jsample._src.stages._id_lists import ban_stage, id_list, listed, slots
 
 
 def allowed_tokens(ids: Sequence[int] = (), *, size: int = 64) -> Stage:
@@ -71,3 +72,28 @@ def allowed_tokens(ids: Sequence[int] = (), *, size: int = 64) -> Stage:
     return jnp.all(s["allowed_token_ids"] < 0)
 
   return Stage("allowed_tokens", (setting,), on_candidates, on_row, touches=touches, off=off)
+
+
+def banned_tokens(ids: Sequence[int] = (), *, size: int = 16) -> Stage:
+  """Never draws the listed token ids (HF's ``suppress_tokens``, a logit bias of ``-inf``).
+
+  Args:
+    ids: the default ``banned_token_ids`` of every row; rows override them
+      in ``init`` with ``[size]`` (or ``[B, size]``) lists padded with ``-1``.
+    size: the longest list a row can hold (static).
+
+  Returns:
+    A :class:`Stage` that acts before the cut, on the listed ids only.
+
+  Examples:
+    >>> import jax.numpy as jnp, jsample
+    >>> sampler = jsample.chain(jsample.banned_tokens(size=2), jsample.temperature(0.0))
+    >>> state = sampler.init(seed=0, banned_token_ids=[[2, -1], [2, 1]])
+    >>> tokens, state = sampler.pick(jnp.array([[0.0, 1.0, 2.0], [0.0, 1.0, 2.0]]), state)
+    >>> tokens.tolist()
+    [1, 0]
+  """
+  setting = id_list("banned_token_ids", ids, size, "token ids never to draw (-1 pads the list)")
+  return ban_stage(
+    "banned_tokens", (setting,), lambda s, ctx: s["banned_token_ids"], off=lambda s: jnp.all(s["banned_token_ids"] < 0)
+  )

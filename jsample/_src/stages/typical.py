@@ -4,8 +4,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jsample._src.stage import Candidates, Context, Setting, Settings, Stage, entropy, logsumexp
-from jsample._src.truncation import min_keep_setting
+from jsample._src.kernels.rowmath import entropy, logsumexp
+from jsample._src.stage import Candidates, Context, Setting, Settings, Stage
+from jsample._src.stages._min_keep import min_keep_setting
 
 
 def typical(p: float = 1.0, min_keep: int = 0) -> Stage:

@@ -12,8 +12,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jsample._src import generated, lookup
+from jsample._src.kernels import lookup
 from jsample._src.stage import Candidates, Context, Setting, Settings, Stage
+from jsample._src.stages import new_tokens
 
 SCOPES = ("llama.cpp", "openai")
 
@@ -201,7 +202,7 @@ def penalties(
 
   def fresh(s: Settings, ctx: Context) -> jax.Array:
     """``[W]`` the window's generated tokens among the recent ones (``-1``: none)."""
-    return jnp.where(_recent(s, ctx) & generated.in_window(ctx.state, ctx), ctx.window, -1)
+    return jnp.where(_recent(s, ctx) & new_tokens.in_window(ctx.state, ctx), ctx.window, -1)
 
   def on_candidates(c: Candidates, s: Settings, ctx: Context) -> Candidates:
     counts = _counter(c.ids, ctx)
@@ -229,7 +230,7 @@ def penalties(
     return ~(raising & _active(s, ctx))
 
   def update(state, token, logprob, s: Settings, ctx: Context):
-    return generated.update(state, ctx)
+    return new_tokens.update(state, ctx)
 
   stage = Stage(
     "penalties",
@@ -240,4 +241,4 @@ def penalties(
     lowers=lowers,
     off=lambda s: _neutral(s) | (s["penalty_last_n"] == 0),
   )
-  return stage._replace(init_state=generated.init, update=update) if openai else stage
+  return stage._replace(init_state=new_tokens.init, update=update) if openai else stage
