@@ -102,8 +102,8 @@ def test_token_ids_given_to_seed_and_accept():
   assert "prompt: token ids must be in [-1, 40)" in seed(state, jnp.array([[3, -1], [4, 40]]))[0].get()
   assert "prompt" in seed(state, jnp.array([[3, -5], [4, 5]]))[0].get()
   accept = jax.jit(checkify.checkify(sampler.accept))
-  assert accept(state, jnp.array([0, 39]))[0].get() is None
-  assert "token: token ids must be in [0, 40); entry 0 (flat) holds -1" in accept(state, jnp.array([-1, 39]))[0].get()
+  assert accept(jnp.array([0, 39]), state)[0].get() is None
+  assert "token: token ids must be in [0, 40); entry 0 (flat) holds -1" in accept(jnp.array([-1, 39]), state)[0].get()
 
 
 def test_a_checked_generation_loop_stops_at_the_first_bad_step():

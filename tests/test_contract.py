@@ -59,7 +59,7 @@ def test_a_stage_keeps_its_own_state_through_draws_scan_and_accept():
 
   scanned, _ = jax.lax.scan(body, state, None, length=3)
   assert np.all(np.asarray(scanned.stages["surprise"]) >= total)
-  accepted = sampler.accept(scanned, jnp.array([1, 2, 3]))
+  accepted = sampler.accept(jnp.array([1, 2, 3]), scanned)
   np.testing.assert_array_equal(accepted.stages["surprise"], scanned.stages["surprise"])  # NaN logprob: unchanged
   assert int(accepted.position[0]) == 8
 

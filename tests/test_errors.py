@@ -169,7 +169,7 @@ def test_bad_prompt(prompt, how):
     if how == "init":
       s.init(seed=0, prompt=prompt)
     else:
-      s.load_prompt(state, prompt)
+      s.load_prompt(prompt, state)
 
 
 def test_ids_up_to_vocab_size_are_fine():
@@ -191,9 +191,9 @@ def test_nested_3d_list_prompt_is_rejected():
 def test_batched_prompt_needs_batched_state():
   s = sampler()
   with pytest.raises(ValueError, match="prompt"):
-    s.load_prompt(s.init(seed=0), np.array([[1, 2], [3, 4]]))
+    s.load_prompt(np.array([[1, 2], [3, 4]]), s.init(seed=0))
   with pytest.raises(ValueError, match="prompt"):
-    s.load_prompt(s.init(seed=0), [[1, 2], [3]])
+    s.load_prompt([[1, 2], [3]], s.init(seed=0))
 
 
 # -- inputs of pick, draw and probs --------------------------------------------
@@ -254,14 +254,14 @@ def test_accept_rejects_token_of_wrong_shape(rows, token, jit):
   state = s.init(seed=np.zeros(rows, np.int32))
   accept = jax.jit(s.accept) if jit else s.accept
   with pytest.raises(ValueError, match="token"):
-    accept(state, jnp.zeros(token, jnp.int32))
+    accept(jnp.zeros(token, jnp.int32), state)
 
 
 @pytest.mark.parametrize("token", [2.7, -5, V], ids=["float", "below -1", ">= V"])
 def test_accept_rejects_bad_token(token):
   s = sampler(vocab_size=V)
   with pytest.raises(ValueError, match="token"):
-    s.accept(s.init(seed=0), token)
+    s.accept(token, s.init(seed=0))
 
 
 # -- traced values: NaN and empty rows -----------------------------------------
@@ -447,3 +447,27 @@ def test_init_rejects_boolean_settings():
 def test_recipes_reject_unknown_keywords(recipe):
   with pytest.raises(ValueError, match="top_q"):
     recipe(top_q=0.9)
+
+
+# -- argument order: arrays first, the state last ---------------------------------------
+
+
+@pytest.mark.parametrize(
+  "call",
+  [
+    lambda s, state, x: s.pick(state, x),
+    lambda s, state, x: s.pick_with_info(state, x),
+    lambda s, state, x: s.probs(state, x),
+    lambda s, state, x: s.explain(state, x),
+    lambda s, state, x: s.accept(state, 1),
+    lambda s, state, x: s.load_prompt(state, [1, 2]),
+    lambda s, state, x: s.verify(jnp.zeros(2, jnp.int32), jnp.zeros((2, V)), state, jnp.zeros((3, V))),
+    lambda s, state, x: s.configure(x, temperature=0.5),
+    lambda s, state, x: s.fork(x, n=2),
+  ],
+  ids=["pick", "pick_with_info", "probs", "explain", "accept", "load_prompt", "verify", "configure", "fork"],
+)
+def test_swapped_arguments_say_the_state_comes_last(call):
+  s = sampler()
+  with pytest.raises(TypeError, match="the state comes last"):
+    call(s, s.init(seed=0), jnp.zeros(V))

@@ -115,7 +115,7 @@ def test_mu_follows_the_reference_step_by_step_in_a_scan(strategy, budget):
       else:
         assert np.isnan(mus[t, row])  # off: never moved
   # accept: the token did not come from mirostat, so mu stays (llama.cpp has no accept hook).
-  accepted = sampler.accept(final, jnp.asarray(tokens[-1]))
+  accepted = sampler.accept(jnp.asarray(tokens[-1]), final)
   np.testing.assert_array_equal(accepted.stages["mirostat"], final.stages["mirostat"])
   np.testing.assert_array_equal(accepted.position, final.position + 1)
 

@@ -82,7 +82,7 @@ def test_generated_tokens_get_frequency_and_presence_on_both_paths(window):
   def state_of(sampler):
     state = sampler.init(seed=np.arange(rows), prompt=padded, **per_row)
     for tokens in outputs:
-      state = sampler.accept(state, jnp.asarray(tokens, jnp.int32))
+      state = sampler.accept(jnp.asarray(tokens, jnp.int32), state)
     return state
 
   want = np.stack(
@@ -120,9 +120,9 @@ def test_scopes_differ_only_in_what_counts_as_generated():
     token, state = sampler.pick(x, state)
     assert int(token) == first, scope
   sampler = jsample.chain(jsample.penalties(presence=0.5, scope="openai"), jsample.temperature(0.0))
-  state = sampler.accept(sampler.init(seed=0, prompt=[1]), 2)
+  state = sampler.accept(2, sampler.init(seed=0, prompt=[1]))
   assert int(sampler.pick(x, state)[0]) == 3  # 2 was generated
-  state = sampler.load_prompt(state, [3])
+  state = sampler.load_prompt([3], state)
   y = jnp.array([0.0, 1.0, 2.0, 2.2])
   assert int(sampler.pick(y, state)[0]) == 3  # a new prompt: nothing generated since, nothing penalised
 

@@ -69,7 +69,7 @@ def accepted_one_by_one(tokens, state):
   """The state after ``accept``ing each row's emitted tokens (``tokens`` up to its first -1)."""
   for j in range(tokens.shape[1]):
     token = tokens[:, j]
-    moved = ACCEPT(state, jnp.maximum(token, 0))
+    moved = ACCEPT(jnp.maximum(token, 0), state)
     state = jax.tree.map(
       lambda a, b, t=token: jnp.where((t >= 0).reshape((-1,) + (1,) * (a.ndim - 1)), a, b), moved, state
     )

@@ -158,7 +158,7 @@ def test_seed_keeps_the_last_w_tokens():
     one = SAMPLER.init(seed=0, prompt=prompts[length])
     np.testing.assert_array_equal(one.window, ring(prompts[length]))
     assert int(one.position) == length
-    assert_same_state(one, SAMPLER.load_prompt(SAMPLER.init(seed=0), np.asarray(prompts[length], np.int32)))
+    assert_same_state(one, SAMPLER.load_prompt(np.asarray(prompts[length], np.int32), SAMPLER.init(seed=0)))
 
 
 def test_padding_is_skipped_anywhere():
@@ -182,7 +182,7 @@ def test_ragged_list_of_lists():
   state = SAMPLER.init(seed=[0, 1, 2, 3], prompt=prompts)
   np.testing.assert_array_equal(state.position, [6, 1, 0, 2])
   np.testing.assert_array_equal(state.window, np.stack([ring(p) for p in prompts]))
-  np.testing.assert_array_equal(state.window, SAMPLER.load_prompt(SAMPLER.init(batch=4), prompts).window)
+  np.testing.assert_array_equal(state.window, SAMPLER.load_prompt(prompts, SAMPLER.init(batch=4)).window)
 
 
 def test_1d_prompt_goes_into_every_row():
@@ -190,7 +190,7 @@ def test_1d_prompt_goes_into_every_row():
   for state in (
     SAMPLER.init(seed=[0, 1, 2], prompt=prompt),
     SAMPLER.init(batch=3, prompt=np.asarray(prompt)),
-    SAMPLER.load_prompt(SAMPLER.init(top_p=[0.5, 0.6, 0.7]), jnp.asarray(prompt)),
+    SAMPLER.load_prompt(jnp.asarray(prompt), SAMPLER.init(top_p=[0.5, 0.6, 0.7])),
   ):
     assert state.position.shape == (3,)
     np.testing.assert_array_equal(state.position, 5)
@@ -199,11 +199,11 @@ def test_1d_prompt_goes_into_every_row():
 
 def test_seeding_twice_appends():
   once = SAMPLER.init(seed=0, prompt=[1, 2, 3])
-  twice = SAMPLER.load_prompt(once, [4, 5, 6])
+  twice = SAMPLER.load_prompt([4, 5, 6], once)
   assert_same_state(twice, SAMPLER.init(seed=0, prompt=[1, 2, 3, 4, 5, 6]))
   first = np.array([[1, 2], [3, -1], [-1, -1]])
   second = np.array([[4, 5, 6], [-1, 7, -1], [8, -1, -1]])
-  state = SAMPLER.load_prompt(SAMPLER.init(seed=[0, 1, 2], prompt=first), second)
+  state = SAMPLER.load_prompt(second, SAMPLER.init(seed=[0, 1, 2], prompt=first))
   expected = [[1, 2, 4, 5, 6], [3, 7], [8]]
   np.testing.assert_array_equal(state.position, [5, 2, 1])
   np.testing.assert_array_equal(state.window, np.stack([ring(p) for p in expected]))
@@ -212,7 +212,7 @@ def test_seeding_twice_appends():
 def test_load_prompt_under_jit():
   prompt = np.array([[1, 2, 3, 4, 5], [-1, -1, 6, 7, 8]], np.int32)
   state = SAMPLER.init(seed=[0, 1], prompt=[9])
-  eager = SAMPLER.load_prompt(state, prompt)
+  eager = SAMPLER.load_prompt(prompt, state)
   traced = jax.jit(SAMPLER.load_prompt)(state, jnp.asarray(prompt))
   assert_same_state(eager, traced)
   np.testing.assert_array_equal(traced.window, np.stack([ring([9, 1, 2, 3, 4, 5]), ring([9, 6, 7, 8])]))
@@ -227,7 +227,7 @@ def test_accept_writes_at_position_mod_w():
   accept = jax.jit(SAMPLER.accept)
   for token in range(20, 31):
     before = int(state.position)
-    state = accept(state, token)
+    state = accept(token, state)
     history.append(token)
     assert int(state.position) == before + 1
     assert int(state.window[before % W]) == token
@@ -238,7 +238,7 @@ def test_accept_batched_rows_at_their_own_positions():
   prompts = [[1, 2, 3], [1], [], [1, 2, 3, 4, 5]]
   state = SAMPLER.init(seed=[0, 1, 2, 3], prompt=prompts)
   tokens = [7, 8, 9, 10]
-  state = SAMPLER.accept(state, jnp.array(tokens))
+  state = SAMPLER.accept(jnp.array(tokens), state)
   np.testing.assert_array_equal(state.position, [4, 2, 1, 6])
   np.testing.assert_array_equal(state.window, np.stack([ring(p + [t]) for p, t in zip(prompts, tokens, strict=True)]))
 
@@ -271,7 +271,7 @@ def test_window_zero():
   drawn, state = jax.jit(sampler.pick_with_info)(logits, state)
   np.testing.assert_array_equal(drawn.token, 2)  # nothing to penalise: the argmax
   np.testing.assert_array_equal(state.position, [3, 2, 1, 2] * 2)
-  state = sampler.accept(state, jnp.zeros(ROWS, jnp.int32))
+  state = sampler.accept(jnp.zeros(ROWS, jnp.int32), state)
   np.testing.assert_array_equal(state.position, [4, 3, 2, 3] * 2)
   assert state.window.shape == (ROWS, 0)
   with pytest.raises(ValueError, match="penalty_last_n"):
@@ -283,7 +283,7 @@ def test_window_zero():
 
 def test_configure_changes_only_the_values_given():
   state = SAMPLER.init(seed=[4, 5, 6], prompt=[[1, 2, 3], [4], []], top_p=[0.9, 0.8, 0.7])
-  state = SAMPLER.accept(state, jnp.array([5, 6, 7]))
+  state = SAMPLER.accept(jnp.array([5, 6, 7]), state)
   new = SAMPLER.configure(state, temperature=[0.1, 0.2, 0.3], min_p=0.2)
   assert jax.tree.structure(new) == jax.tree.structure(state)
   for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(state), strict=True):
@@ -387,7 +387,7 @@ def test_fork_gives_n_samples_per_row_as_separate_rows_with_derived_streams(stra
   sampler = jsample.llama_cpp(strategy=strategy, window_size=8)
   prompt = rng.integers(0, vocab, (batch, 5))
   state = sampler.init(seed=[5, 6, 7], prompt=prompt, temperature=[0.7, 1.2, 1.0], top_k=[0, 40, 10])
-  forked = sampler.fork(state, n)
+  forked = sampler.fork(state, n=n)
   assert forked.position.shape == (batch * n,)
   step = jax.jit(sampler.pick)
   alone = [
@@ -411,4 +411,4 @@ def test_fork_gives_n_samples_per_row_as_separate_rows_with_derived_streams(stra
 def test_fork_needs_a_positive_count():
   sampler = jsample.llama_cpp()
   with pytest.raises(ValueError, match="n: must be an int >= 1"):
-    sampler.fork(sampler.init(seed=0), 0)
+    sampler.fork(sampler.init(seed=0), n=0)

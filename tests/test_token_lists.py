@@ -185,11 +185,11 @@ def test_min_tokens_counts_new_tokens_and_starts_again_after_a_prompt():
     got.append(np.asarray(token).tolist())
   assert got == [[2, 1, 2], [2, 1, 2], [1, 1, 2], [1, 1, 1]]
   # accept counts like a draw; a new prompt starts the count again.
-  state = sampler.accept(state, jnp.array([2, 2, 2]))
-  state = sampler.load_prompt(state, [[0], [0], [0]])
+  state = sampler.accept(jnp.array([2, 2, 2]), state)
+  state = sampler.load_prompt([[0], [0], [0]], state)
   token, state = step(logits, state)
   assert np.asarray(token).tolist() == [2, 1, 2]
-  state = sampler.accept(state, jnp.array([0, 0, 0]))
+  state = sampler.accept(jnp.array([0, 0, 0]), state)
   token, _ = step(logits, state)
   assert np.asarray(token).tolist() == [1, 1, 2]
 

@@ -63,7 +63,7 @@ def test_the_coin_comes_up_with_the_chance_given(strategy):
   rate = acted(sampler, jax.jit(sampler.probs)(jnp.broadcast_to(ROW, (n, ROW.size)), state)).mean()
   assert abs(rate - 0.3) < 5 * np.sqrt(0.3 * 0.7 / n), rate
   # The next position draws a new coin.
-  later = sampler.load_prompt(state, [1])
+  later = sampler.load_prompt([1], state)
   again = acted(sampler, jax.jit(sampler.probs)(jnp.broadcast_to(ROW, (n, ROW.size)), later))
   first = acted(sampler, jax.jit(sampler.probs)(jnp.broadcast_to(ROW, (n, ROW.size)), state))
   assert 0.5 < np.mean(again == first) < 0.7  # independent coins agree with chance 0.3² + 0.7² = 0.58

@@ -156,7 +156,7 @@ class Sampler:
     fresh, prompt = create(
       self.settings, self.stages, self.window_size, self._check, seed, key, batch, prompt, settings
     )
-    return fresh if prompt is None else self.load_prompt(fresh, prompt)
+    return fresh if prompt is None else self.load_prompt(prompt, fresh)
 
   def configure(self, state: SamplerState, **settings) -> SamplerState:
     """Returns ``state`` with new setting values; nothing recompiles.
@@ -168,6 +168,7 @@ class Sampler:
       >>> float(state.settings["temperature"])
       0.0
     """
+    _in_order("configure(state, **settings)", state)
     rows = state.position.shape
     for name, value in settings.items():
       spec = self.settings.get(name)
@@ -177,13 +178,13 @@ class Sampler:
     updated = {name: jnp.broadcast_to(fresh.settings[name], state.settings[name].shape) for name in settings}
     return state._replace(settings={**state.settings, **updated})
 
-  def load_prompt(self, state: SamplerState, prompt) -> SamplerState:
+  def load_prompt(self, prompt, state: SamplerState) -> SamplerState:
     """Loads prompt tokens into the window, as llama-server does before its first draw.
 
     Args:
-      state: the rows' state.
       prompt: ``[L]`` token ids for one row (or for every row of a batch),
         ``[B, L]`` padded with ``-1``, or a list of lists.
+      state: the rows' state.
 
     Returns:
       ``state`` with the last ``W`` prompt tokens in the window and
@@ -192,10 +193,11 @@ class Sampler:
     Examples:
       >>> import jsample
       >>> sampler = jsample.llama_cpp(window_size=4)
-      >>> state = sampler.load_prompt(sampler.init(seed=0), [5, 6, 7, 8, 9])
+      >>> state = sampler.load_prompt([5, 6, 7, 8, 9], sampler.init(seed=0))
       >>> state.window.tolist(), int(state.position)
       ([9, 6, 7, 8], 5)
     """
+    _in_order("load_prompt(prompt, state)", prompt, state)
     prompt = as_prompt(prompt)
     validation.tokens("prompt", prompt, self.vocab_size, lowest=-1)
     if self.checking:
@@ -211,7 +213,7 @@ class Sampler:
       window, position = load(state.window, state.position, prompt)
     return state._replace(window=window, position=position)
 
-  def fork(self, state: SamplerState, n: int) -> SamplerState:
+  def fork(self, state: SamplerState, *, n: int) -> SamplerState:
     """``n`` samples per row: each row becomes ``n`` rows in a row, each with its own stream.
 
     Copy ``j`` of a row draws with the stream ``jax.random.fold_in(key, j)``
@@ -230,7 +232,7 @@ class Sampler:
     Examples:
       >>> import jax, jax.numpy as jnp, jsample
       >>> sampler = jsample.llama_cpp()
-      >>> state = sampler.fork(sampler.init(seed=[1, 2]), 3)
+      >>> state = sampler.fork(sampler.init(seed=[1, 2]), n=3)
       >>> state.position.shape
       (6,)
       >>> tokens, state = sampler.pick(jnp.repeat(jnp.zeros((2, 50)), 3, axis=0), state)
@@ -238,19 +240,20 @@ class Sampler:
       >>> int(tokens[4]) == int(sampler.pick(jnp.zeros(50), alone)[0])  # row 1, copy 1
       True
     """
+    _in_order("fork(state, n=...)", state)
     if not isinstance(n, int) or n < 1:
       raise ValueError(f"n: must be an int >= 1; got {n!r}")
     return fork(_batched(state), n)
 
-  def accept(self, state: SamplerState, token: jax.Array) -> SamplerState:
+  def accept(self, token: jax.Array, state: SamplerState) -> SamplerState:
     """Appends tokens chosen by the caller (speculative decoding, forced tokens).
 
     Stages that keep state update it as after a draw, with the token's
     log-probability unknown (NaN).
 
     Args:
-      state: the rows' state.
       token: ``[]`` or ``[B]`` int32, matching the state.
+      state: the rows' state.
 
     Returns:
       ``state`` with ``token`` in the window and ``position + 1``.
@@ -258,10 +261,11 @@ class Sampler:
     Examples:
       >>> import jsample
       >>> sampler = jsample.llama_cpp(window_size=4)
-      >>> state = sampler.accept(sampler.init(seed=0), 7)
+      >>> state = sampler.accept(7, sampler.init(seed=0))
       >>> state.window.tolist(), int(state.position)
       ([7, -1, -1, -1], 1)
     """
+    _in_order("accept(token, state)", token, state)
     if not jnp.issubdtype(jnp.asarray(token).dtype, jnp.integer):
       raise ValueError(f"token: must be integer token ids; got dtype {jnp.asarray(token).dtype}")
     validation.tokens("token", token, self.vocab_size, lowest=0)
@@ -301,6 +305,7 @@ class Sampler:
       >>> int(state.position)
       4
     """
+    _in_order("pick(logits, state)", logits, state)
     drawn, state = run.one_row_or_batch(self, run.draws, logits, state, dict(inputs, mask=mask), logprob=False)
     return drawn.token, state
 
@@ -328,6 +333,7 @@ class Sampler:
       >>> int(drawn.raw.rank), drawn.raw.top_ids.tolist(), round(float(drawn.raw.logprob), 3)
       (1, [1, 2], -0.693)
     """
+    _in_order("pick_with_info(logits, state)", logits, state)
     top, per_row = top_logprobs if isinstance(top_logprobs, tuple) else (top_logprobs, None)
     given = dict(inputs, mask=mask, top_logprobs=per_row)
     return run.one_row_or_batch(self, run.draws, logits, state, given, logprob=True, top_logprobs=top)
@@ -345,6 +351,7 @@ class Sampler:
       >>> [round(float(v), 3) for v in p]
       [0.0, 0.667, 0.333]
     """
+    _in_order("probs(logits, state)", logits, state)
     return run.one_row_or_batch(self, run.probs, logits, state, dict(inputs, mask=mask))
 
   def verify(
@@ -400,6 +407,9 @@ class Sampler:
       Speculative Decoding", ICML 2023; Chen et al., "Accelerating Large
       Language Model Decoding with Speculative Sampling", 2023.
     """
+    _in_order(
+      "verify(draft_tokens, draft_probs, target_logits, state)", draft_tokens, draft_probs, target_logits, state
+    )
     return speculative.verify(self, draft_tokens, draft_probs, target_logits, state, mask, inputs)
 
   def explain(self, logits: jax.Array, state: SamplerState, mask=None, *, top: int = 5, **inputs) -> list[StageView]:
@@ -427,6 +437,7 @@ class Sampler:
       >>> [round(float(p), 3) for p in views[2].probs]
       [0.625, 0.375]
     """
+    _in_order("explain(logits, state)", logits, state)
     seen = run.views(self, logits, state, dict(inputs, mask=mask), top)
     return [StageView(name, *view) for name, view in seen]
 
@@ -469,3 +480,12 @@ def chain(
 def _batched(state: SamplerState) -> SamplerState:
   """A batch of one for a single row's state."""
   return jax.tree.map(lambda a: a[None], state) if state.position.ndim == 0 else state
+
+
+def _in_order(call: str, *args) -> None:
+  """Every method takes its arrays first and the state last: a :class:`TypeError` that says so, not one from deep
+  inside JAX, when a call swaps them."""
+  *data, state = args
+  if not isinstance(state, SamplerState) or any(isinstance(x, SamplerState) for x in data):
+    got = ", ".join(type(x).__name__ for x in args)
+    raise TypeError(f"{call}: the state comes last (arrays first, then the SamplerState); got ({got})")
