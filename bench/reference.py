@@ -1,30 +1,25 @@
-"""Where the project's shared reference data lies (Gemma 3 270M rows and tokens recorded with
-llama.cpp): one answer for the benchmark and the tests (``tests/conftest.py``).
-
-The data is not in the repository; it sits in a ``shared/reference`` folder beside it, as CI
-lays it out. ``JSAMPLE_REFERENCE=/path/to/reference`` names another folder.
+"""Where the recorded Gemma 3 270M data lies, for the benchmark and the tests: ``tests/data`` in the repository
+(eight real rows and llama.cpp's tokens, described in ``tests/data/README.md``), or the folder
+``$JSAMPLE_REFERENCE`` names (a larger recording with the same file names, say).
 """
 
 import os
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]  # the repository
+DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 
 
-def folders() -> list[Path]:
-  """The folders searched, in order: ``$JSAMPLE_REFERENCE`` alone when it is set, else
-  ``../shared/reference`` beside the repository, then ``shared/reference`` inside it."""
-  if os.environ.get("JSAMPLE_REFERENCE"):
-    return [Path(os.environ["JSAMPLE_REFERENCE"])]
-  return [ROOT.parent / "shared" / "reference", ROOT / "shared" / "reference"]
+def folder() -> Path:
+  """``$JSAMPLE_REFERENCE`` when it is set, else the repository's ``tests/data``."""
+  return Path(os.environ.get("JSAMPLE_REFERENCE") or DATA)
 
 
 def find(name: str) -> Path | None:
-  """The first ``folder/name`` of :func:`folders` that is a file, or None."""
-  return next((folder / name for folder in folders() if (folder / name).is_file()), None)
+  """``folder() / name`` if it is a file, else None."""
+  path = folder() / name
+  return path if path.is_file() else None
 
 
 def missing(name: str) -> str:
   """Says that ``name`` is missing and where it was looked for."""
-  where = " or ".join(str(folder) for folder in folders())
-  return f"{name} not found in {where} (the project's shared reference data; JSAMPLE_REFERENCE=folder says where)"
+  return f"{name} not found in {folder()} (JSAMPLE_REFERENCE=folder says where else to look)"

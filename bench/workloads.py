@@ -13,14 +13,14 @@ import numpy as np
 import jsample
 from bench import reference
 
-REAL_ROWS = "gemma3-270m-rows.npz"  # in the shared reference folder (bench/reference.py)
+REAL_ROWS = "gemma3-270m-rows.npz"  # tests/data (bench/reference.py)
 
 
 def rows(kind: str, batch: int, vocab: int, seed: int = 0) -> np.ndarray:
   """``[B, V]`` float32 logits of one kind.
 
-  ``real`` rows are the recorded Gemma 3 270M rows from the shared reference
-  folder, cycled to fill the batch (their width is 262144), or rows from the
+  ``real`` rows are the recorded Gemma 3 270M rows of ``tests/data``,
+  cycled to fill the batch (their width is 262144), or rows from the
   project's own Gemma client when its extra is installed and the reference
   file is missing.
   """
