@@ -1,6 +1,7 @@
 """jsample: exact, fast, reproducible sampling of tokens from logits, in JAX."""
 
 from jsample._src.draw import Draw
+from jsample._src.explain import StageView
 from jsample._src.kernels.masks import pack as pack_mask
 from jsample._src.kernels.masks import unpack as unpack_mask
 from jsample._src.logprobs import Logprobs
@@ -11,7 +12,7 @@ from jsample._src.readers.llama_vocab import dry_breaker_sequences, end_of_gener
 from jsample._src.readers.openai import from_openai
 from jsample._src.readers.transformers import from_generation_config
 from jsample._src.recipes import gemma, hf, llama_cpp, mirostat_neutral, vllm
-from jsample._src.sampler import Sampler, StageView, chain
+from jsample._src.sampler import Sampler, chain
 from jsample._src.sharded import sharded
 from jsample._src.stage import Candidates, Context, Setting, Settings, Stage, elementwise
 from jsample._src.stages.dry import dry

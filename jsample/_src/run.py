@@ -5,7 +5,6 @@ first and works on a batch of rows (one row gets a batch axis of one).
 """
 
 import functools
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -92,27 +91,6 @@ def probs(sampler, logits, state: SamplerState, inputs: dict) -> jax.Array:
   return out[0] if single else out
 
 
-def views(sampler, logits, state: SamplerState, inputs: dict, top: int) -> list[tuple[str, Any]]:
-  """``(name, (survivors, entropy, ids, probs))`` for the input row and after each stage, on the full path."""
-  (raw, mask), rows, single, plan = prepare(sampler, logits, state, inputs)
-  vocab = raw.shape[-1]
-  n = min(top, vocab)
-
-  def one(raw, mask, row):
-    x = paths.full_row((), raw, mask, row, plan)
-    seen = [_view(x, n)]
-    for stage in sampler.stages:
-      x = stage.on_row(x, row.settings, paths.context(stage, row, vocab, plan))
-      seen.append(_view(x, n))
-    return seen
-
-  seen = jax.vmap(one)(raw, mask, rows)
-  if single:
-    seen = jax.tree.map(lambda a: a[0], seen)
-  names = ("input",) + tuple(stage.name for stage in sampler.stages)
-  return list(zip(names, seen, strict=True))
-
-
 def decide(sampler, raw, mask, rows: paths.Rows, plan: strategies.Strategy, fast, slow):
   """``fast(candidates)`` for the rows the candidates decide, ``slow(row)`` for the others."""
 
@@ -186,10 +164,3 @@ def prepare(sampler, logits, state: SamplerState, inputs: dict):
 
 def _batched(state: SamplerState, single: bool) -> SamplerState:
   return jax.tree.map(lambda a: a[None], state) if single else state
-
-
-def _view(x: jax.Array, n: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-  p = draw.softmax(x)
-  entropy = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0))
-  best, ids = lax.top_k(p, n)
-  return jnp.sum(x > -jnp.inf, dtype=jnp.int32), entropy, ids.astype(jnp.int32), best

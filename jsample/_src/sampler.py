@@ -1,45 +1,15 @@
 """Samplers: a chain of stages and the pure functions that run it."""
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jsample._src import checked, run, speculative, validation
+from jsample._src import checked, explain, run, speculative, validation
 from jsample._src.draw import Draw
 from jsample._src.stage import Setting, Stage
 from jsample._src.state import SamplerState, as_prompt, create, fork, load
-
-
-@functools.partial(
-  jax.tree_util.register_dataclass, data_fields=["survivors", "entropy", "ids", "probs"], meta_fields=["name"]
-)
-@dataclasses.dataclass(frozen=True)
-class StageView:
-  """One stage's effect on a batch of rows, from :meth:`Sampler.explain`; a pytree (``name`` is static).
-
-  Attributes:
-    name: the stage (``"input"`` for the cleaned, masked row before any stage).
-    survivors: ``[B]`` int32 tokens still alive.
-    entropy: ``[B]`` float32 entropy in nats of the distribution at that point.
-    ids: ``[B, n]`` int32 the ``n`` most likely tokens, in sampling order.
-    probs: ``[B, n]`` float32 their probabilities at that point.
-
-  Examples:
-    >>> import jax.numpy as jnp, jsample
-    >>> sampler = jsample.chain(jsample.top_k(2), jsample.temperature(1.0))
-    >>> views = sampler.explain(jnp.log(jnp.array([[0.2, 0.5, 0.3]])), sampler.init(seed=[0]), top=2)
-    >>> [(view.name, int(view.survivors[0])) for view in views]
-    [('input', 3), ('top_k', 2), ('temperature', 2)]
-  """
-
-  name: str
-  survivors: jax.Array
-  entropy: jax.Array
-  ids: jax.Array
-  probs: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -412,7 +382,9 @@ class Sampler:
     )
     return speculative.verify(self, draft_tokens, draft_probs, target_logits, state, mask, inputs)
 
-  def explain(self, logits: jax.Array, state: SamplerState, mask=None, *, top: int = 5, **inputs) -> list[StageView]:
+  def explain(
+    self, logits: jax.Array, state: SamplerState, mask=None, *, top: int = 5, **inputs
+  ) -> list[explain.StageView]:
     """What each stage does to the rows: survivors, entropy and the best tokens after each.
 
     It runs the full-vocabulary path (exact, and slower than :meth:`pick`),
@@ -438,8 +410,7 @@ class Sampler:
       [0.625, 0.375]
     """
     _in_order("explain(logits, state)", logits, state)
-    seen = run.views(self, logits, state, dict(inputs, mask=mask), top)
-    return [StageView(name, *view) for name, view in seen]
+    return explain.views(self, logits, state, dict(inputs, mask=mask), top)
 
 
 def chain(
