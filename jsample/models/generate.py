@@ -12,11 +12,16 @@ Examples:
 """
 
 import argparse
+import ast
+import contextlib
 import dataclasses
 import functools
 import json
+import logging
 import sys
 import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import jax
@@ -245,6 +250,54 @@ def keep_compiled_programs() -> None:
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
+# JAX turns an entry of the persistent cache it cannot read (truncated, corrupt) into this warning and compiles
+# afresh, but never overwrites the entry: the same warning would come on every later run.
+UNREADABLE = "Error reading persistent compilation cache entry"
+
+
+@contextlib.contextmanager
+def mending_compiled_programs() -> Iterator[None]:
+  """Within it, a compiled program that JAX cannot read from the persistent cache is removed when JAX finds it, so
+  that the program JAX compiles in its place is written there: rebuilt once, said once on stderr.
+
+  JAX names the entry it reads only in a debug line of its cache (``Cache hit for key: '...'``), which this
+  catches; where it does not, the entry stays and JAX's warning is shown as before.
+  """
+  folder = getattr(jax.config, "jax_compilation_cache_dir", None)
+  if not folder:
+    yield
+    return
+  keys: list[str] = []
+
+  class Reads(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+      line = record.getMessage()
+      if line.startswith("Cache hit for key: "):
+        keys.append(ast.literal_eval(line.removeprefix("Cache hit for key: ")))
+
+  def show(message, category, filename, lineno, file=None, line=None):
+    entry = Path(folder) / f"{keys[-1]}-cache" if keys else None  # JAX's LRUCache names files key + "-cache"
+    if UNREADABLE not in str(message) or entry is None or not entry.exists():
+      return shown(message, category, filename, lineno, file, line)
+    entry.unlink(missing_ok=True)
+    print(f"jsample: removed a damaged compiled program ({entry}); compiling it afresh, once", file=sys.stderr)
+
+  log, reads = logging.getLogger("jax._src.lru_cache"), Reads()
+  level, propagate, shown = log.level, log.propagate, warnings.showwarning
+  with warnings.catch_warnings():
+    warnings.filterwarnings("always", message=UNREADABLE)  # seen each time, whatever the filters (pytest's)
+    warnings.showwarning = show
+    log.setLevel(logging.DEBUG)
+    log.propagate = False  # its debug lines go to the handler alone
+    log.addHandler(reads)
+    try:
+      yield
+    finally:
+      log.removeHandler(reads)
+      log.setLevel(level)
+      log.propagate = propagate
+
+
 def main(argv=None) -> int:
   """``jsample generate``; returns the exit status (130 after Ctrl-C)."""
   cli = parser()
@@ -306,14 +359,15 @@ def main(argv=None) -> int:
   interrupted = False
   run = gen.run(prompts, args.max_tokens, args.seed, constraint, **settings)
   try:
-    if stream and not grammar:  # structured output goes to stdout alone, ready for a parser
-      print(args.prompt, end="", flush=True)
-    for tokens in run:
-      for row, token in zip(rows, tokens.tolist(), strict=True):
-        if tokenizer.eos not in row[-1:]:
-          row.append(token)
-          if stream:
-            print(stream.push(token), end="", flush=True)
+    with mending_compiled_programs():  # the compiles happen in the run's first step and its last
+      if stream and not grammar:  # structured output goes to stdout alone, ready for a parser
+        print(args.prompt, end="", flush=True)
+      for tokens in run:
+        for row, token in zip(rows, tokens.tolist(), strict=True):
+          if tokenizer.eos not in row[-1:]:
+            row.append(token)
+            if stream:
+              print(stream.push(token), end="", flush=True)
   except KeyboardInterrupt:
     interrupted = True
     run.close()
