@@ -221,7 +221,8 @@ def parser() -> argparse.ArgumentParser:
   grammar.add_argument(
     "--json-schema",
     metavar="FILE",
-    help="the output is JSON valid under this schema (the structured extra: XGrammar); only it goes to stdout",
+    help="the output is JSON valid under this schema, one row a line, numbers of bounded digits (the structured "
+    "extra: llguidance); only it goes to stdout",
   )
   grammar.add_argument(
     "--regex", metavar="PATTERN", help="the output matches this regular expression (the structured extra)"
@@ -314,7 +315,7 @@ def main(argv=None) -> int:
     from jsample import structured
 
     try:
-      structured.xgrammar()
+      structured.llguidance()
       schema = json.loads(Path(args.json_schema).read_text()) if args.json_schema is not None else None
     except structured.MissingExtra as error:
       print(f"jsample generate: {error}", file=sys.stderr)
@@ -344,12 +345,12 @@ def main(argv=None) -> int:
   if grammar:
     try:
       if schema is not None:
-        compiled = structured.compile_json_schema(schema, text.tokenizer)
+        rules = structured.compile_json_schema(schema, text.tokenizer)
       else:
-        compiled = structured.compile_regex(args.regex, text.tokenizer)
+        rules = structured.compile_regex(args.regex, text.tokenizer)
     except ValueError as error:
       cli.error(str(error))
-    constraint = structured.Constraint(compiled, args.batch)
+    constraint = structured.Constraint(rules, args.batch)
   compiling = "compiling the prefill and the decode step (about 30 s the first time; a few seconds once cached)"
   print(f"[loaded Gemma 3 270M in {loaded:.1f} s; {compiling}]", file=sys.stderr, flush=True)
 
