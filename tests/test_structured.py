@@ -230,7 +230,7 @@ def test_cli_json_schema_output_parses_and_validates(capsys):
   assert len(rows) == 2, out
   for row in rows:
     jsonschema.validate(json.loads(row), PERSON)
-  assert "tokens/s" in err
+  assert "tokens/s" in err and "grammar" in err
 
 
 @pytest.mark.slow
@@ -242,13 +242,26 @@ def test_cli_regex_output_matches(capsys):
 
 
 @pytest.mark.slow
-def test_cli_says_when_max_tokens_ends_before_the_grammar(capsys):
-  assert jsample_generate(["Digits:", "--regex", r"\d{40}", "--max-tokens", "3"]) == 1
+def test_cli_exit_status_counts_the_rows_max_tokens_cut_off(capsys):
+  assert jsample_generate(["Digits:", "--regex", r"\d{40}", "--max-tokens", "3", "--batch", "2"]) == 2
   out, err = capsys.readouterr()
-  assert re.fullmatch(r"\d+", out.strip()) and "ended before the grammar was complete" in err
+  assert all(re.fullmatch(r"\d+", row) for row in out.split()) and "2 of 2 rows ([0, 1])" in err
   with pytest.raises(SystemExit):
     jsample_generate(["x", "--regex", "("])
   assert "unclosed group" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_mask_computed_during_the_forward_pass_draws_the_same_tokens():
+  from jsample.models import generate, text
+
+  gen = generate.Generator(text.gemma3_270m())
+  grammar = structured.compile_json_schema(PERSON, gen.text.tokenizer)
+  runs = []
+  for overlap in (True, False):
+    constraint = structured.Constraint(grammar, batch=2)
+    runs.append(np.stack(list(gen.run(["A person, as JSON:"] * 2, 24, 0, constraint, overlap=overlap))))
+  np.testing.assert_array_equal(*runs)
 
 
 def jsample_generate(argv: list[str]) -> int:
