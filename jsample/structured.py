@@ -1,50 +1,71 @@
-"""Structured output: an XGrammar grammar decides which tokens are allowed, jsample draws among them.
+"""Structured output: a grammar decides which tokens are allowed, jsample draws among them.
 
-Needs the optional extra ``structured`` (``pip install "jsample[structured]"``, which installs XGrammar); without
-it, :func:`compile_json_schema`, :func:`compile_regex` and :func:`tokenizer_info` raise :class:`MissingExtra` naming
-that command. The core of jsample never imports this module.
+The grammar engine is `llguidance <https://github.com/guidance-ai/llguidance>`_ (the Rust engine llama.cpp and vLLM
+use; a few MB, no PyTorch). It needs the optional extra ``structured`` (``pip install "jsample[structured]"``);
+without it, the ``compile_*`` functions raise :class:`MissingExtra` naming that command. The core of jsample never
+imports this module. (XGrammar, the engine before, is no longer supported: it brought PyTorch.)
 
-A :class:`Constraint` holds one XGrammar ``GrammarMatcher`` per row. Each step, :meth:`Constraint.mask` gives the
-matchers' next-token bitmasks as a packed mask ``[B, M]`` (XGrammar's int32 bitmask is jsample's packed layout: bit
-``j % 32`` of word ``j // 32`` allows token ``j``, so the words pass through unchanged), the jitted ``pick`` draws
-with it, and :meth:`Constraint.advance` feeds the drawn tokens to the matchers. The matcher runs on the host, so a
-step costs one round trip, the one it needs: the tokens come to the host and the mask goes back. The logits never
-leave the device.
+A user's own decode loop needs three calls: compile the grammar once (:func:`compile_json_schema`,
+:func:`compile_regex` or :func:`compile_lark`), then each step :meth:`Constraint.mask` gives the packed mask ``[B, M]``
+for ``pick`` (llguidance's int32 bitmask is jsample's packed layout: bit ``j % 32`` of word ``j // 32`` allows token
+``j``, so the words pass through unchanged) and :meth:`Constraint.advance` feeds the drawn tokens back;
+:attr:`Constraint.done` says which rows are complete. The matchers run on the host, so a step costs one round trip:
+the tokens come to the host and the mask goes back; the logits never leave the device. The mask of step ``t + 1``
+needs only token ``t``, so it can be computed while the device runs the model's forward pass (``jsample generate``
+does).
 
-Example (needs the ``gemma`` and ``structured`` extras)::
+JSON at default settings comes out whole: :func:`bounded_schema` gives every number a bounded number of digits
+(llama.cpp bounds integers the same way), and whitespace is at most one space wherever JSON allows it.
 
-  import jax, jsample
-  from jsample import structured
-  from jsample.models import gemma3_270m
+Examples:
+  A stand-in vocabulary (:class:`jsample.models.tokenizer.Tokenizer` from token texts: two control tokens, digits,
+  and the 256 byte tokens that spell anything else) and random logits in place of a model:
 
-  tokenizer = gemma3_270m().tokenizer
-  grammar = structured.compile_json_schema('{"type": "object", ...}', tokenizer)
-  constraint = structured.Constraint(grammar, batch=B)
-  step = jax.jit(sampler.pick)
-  while not constraint.done.all():
-    logits = model(tokens)                                         # [B, V]
-    tokens, state = step(logits, state, mask=constraint.mask())    # only tokens the grammar allows
-    constraint.advance(tokens)
+  >>> import jax, numpy as np, jsample
+  >>> from jsample import structured
+  >>> from jsample.models.tokenizer import Tokenizer
+  >>> texts = ["<eos>", "<bos>", *"0123456789"] + [f"<0x{b:02X}>" for b in range(256)]
+  >>> tokenizer = Tokenizer(texts, np.zeros(len(texts)), [3, 3] + [1] * 10 + [6] * 256, bos=1, eos=0)
+  >>> grammar = structured.compile_json_schema({"type": "array", "items": {"type": "integer"}, "maxItems": 3},
+  ...                                          tokenizer)
+  >>> constraint = structured.Constraint(grammar, batch=2)
+  >>> sampler = jsample.llama_cpp(vocab_size=len(texts))
+  >>> state = sampler.init(seed=np.arange(2))
+  >>> pick = jax.jit(sampler.pick)
+  >>> rng = np.random.default_rng(0)
+  >>> while not constraint.done.all():
+  ...   logits = rng.normal(size=(2, len(texts))).astype(np.float32)  # the model's [B, V] logits
+  ...   tokens, state = pick(logits, state, mask=constraint.mask())    # only tokens the grammar allows
+  ...   constraint.advance(tokens)
+  >>> [tokenizer.decode(row) for row in constraint.text]  # random logits: long numbers, but bounded ones
+  ['[79349616]', '[6299454398508]']
 
 ``jsample generate --json-schema FILE`` and ``--regex PATTERN`` run this loop (``jsample.models.generate``).
 """
 
+import copy
+import dataclasses
 import importlib
+import json
 import re
 from typing import Any
 
 import numpy as np
 
 INSTALL = 'pip install "jsample[structured]"'
-# SentencePiece token types (GGUF's tokenizer.ggml.token_type) that stand for text; the others (control, unknown,
-# unused) are given to XGrammar as empty strings, which it treats as special tokens a grammar never allows.
-_TEXT_TYPES = (1, 4, 6)  # normal, user-defined, byte
+# GGUF token types (tokenizer.ggml.token_type): normal, user-defined and byte tokens are text; control, unknown and
+# unused tokens are special (a grammar never allows them; EOS is the stop token a complete grammar allows).
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+SPACE = "\u2581"  # ▁
+# Bounds that :func:`bounded_schema` adds: integers of at most 15 digits (below 2**53, so the bound survives
+# llguidance reading it as a float; llama.cpp allows 16), numbers with at most 6 fractional digits and no exponent.
+LARGEST = 10**15 - 1
+FRACTION = 1e-6
+WHITESPACE = " ?"  # the default JSON whitespace: at most one space at each place JSON allows whitespace
 
 
 class MissingExtra(ImportError):
-  """XGrammar, the ``structured`` extra, is not installed.
-
-  Its message names the install command.
+  """llguidance, the ``structured`` extra, is not installed; the message names the install command.
 
   Examples:
     >>> issubclass(MissingExtra, ImportError)
@@ -52,118 +73,296 @@ class MissingExtra(ImportError):
   """
 
 
-def xgrammar() -> Any:
-  """The ``xgrammar`` module; :class:`MissingExtra`, naming the install command, where it is not installed.
+def llguidance() -> Any:
+  """The ``llguidance`` module (with ``llguidance.numpy`` imported); :class:`MissingExtra` where it is missing.
 
   Examples:
-    >>> xgrammar().__name__
-    'xgrammar'
+    >>> llguidance().numpy.get_bitmask_shape(2, 33)
+    (2, 2)
   """
   try:
-    return importlib.import_module("xgrammar")
+    module = importlib.import_module("llguidance")
+    importlib.import_module("llguidance.numpy")
   except ImportError as error:
-    raise MissingExtra(f"structured output needs XGrammar; install the extra: {INSTALL}") from error
+    raise MissingExtra(f"structured output needs llguidance; install the extra: {INSTALL}") from error
+  return module
 
 
-def tokenizer_info(tokenizer) -> Any:
-  """An ``xgrammar.TokenizerInfo`` for a SentencePiece vocabulary with byte fallback, such as Gemma's.
+@dataclasses.dataclass(frozen=True)
+class Grammar:
+  """A grammar compiled against one vocabulary, for :class:`Constraint`.
+
+  Attributes:
+    source: llguidance's grammar (JSON text).
+    tokenizer: the ``llguidance.LLTokenizer`` of the vocabulary.
+    vocab_size: ``V``.
+    eos: the stop token's id.
+    vocabulary: what the ``LLTokenizer`` was built from (it records a byte the vocabulary could not spell).
+  """
+
+  source: str
+  tokenizer: Any
+  vocab_size: int
+  eos: int
+  vocabulary: Any = None
+
+
+def pieces(tokenizer) -> tuple[list[bytes], list[int]]:
+  """Each token's bytes, and the ids of the special tokens (control, unknown, unused).
 
   Args:
     tokenizer: a :class:`jsample.models.Tokenizer`, or anything with ``tokens`` (``V`` texts, ``▁`` for a space,
-      ``<0xXX>`` for a byte), ``types`` (``[V]`` GGUF token types) and ``eos`` (the stop token's id).
-
-  Returns:
-    The ``TokenizerInfo``: control, unknown and unused tokens are special (never allowed by a grammar), ``eos`` is
-    the stop token a completed grammar allows.
+      ``<0xXX>`` for a byte) and ``types`` (``[V]`` GGUF token types).
 
   Examples:
     >>> from types import SimpleNamespace
-    >>> vocab = SimpleNamespace(tokens=["<eos>", "a", "b"], types=[3, 1, 1], eos=0)  # 3: a control token
-    >>> info = tokenizer_info(vocab)
-    >>> info.vocab_size, info.stop_token_ids
-    (3, [0])
+    >>> pieces(SimpleNamespace(tokens=["<eos>", "▁a", "<0x0A>"], types=[CONTROL, NORMAL, BYTE]))
+    ([b'<eos>', b' a', b'\\n'], [0])
   """
-  xgr = xgrammar()
-  text = np.isin(np.asarray(tokenizer.types), _TEXT_TYPES)
-  vocab = [token if keep else "" for token, keep in zip(tokenizer.tokens, text, strict=True)]
-  return xgr.TokenizerInfo(
-    vocab, xgr.VocabType.BYTE_FALLBACK, vocab_size=len(vocab), stop_token_ids=[int(tokenizer.eos)]
-  )
+  out, special = [], []
+  for i, (text, kind) in enumerate(zip(tokenizer.tokens, np.asarray(tokenizer.types).tolist(), strict=True)):
+    if kind == BYTE:
+      out.append(bytes([int(text[3:5], 16)]))
+    elif kind in (NORMAL, USER_DEFINED):
+      out.append(text.replace(SPACE, " ").encode("utf-8"))
+    else:
+      out.append(text.encode("utf-8"))
+      special.append(i)
+  return out, special
 
 
-def _compiler(tokenizer) -> Any:
-  # The vocabulary's TokenizerInfo takes a moment to build; the latest tokenizer's compiler (and its cache) is kept.
+class _Vocabulary:
+  """What ``llguidance.TokenizerWrapper`` reads: the tokens' bytes, special ids, EOS, and an encode function."""
+
+  def __init__(self, tokenizer):
+    self.tokens, self.special_token_ids = pieces(tokenizer)
+    self.eos_token_id = int(tokenizer.eos)
+    self.bos_token_id = getattr(tokenizer, "bos", None)
+    self._encode = tokenizer.encode
+    self.unspellable = ""  # why the latest encode failed
+
+  def __call__(self, text: str | bytes) -> list[int]:
+    if isinstance(text, bytes):  # llguidance passes bytes when the function takes them
+      text = text.decode("utf-8", errors="replace")
+    try:
+      return self._encode(text, bos=False)
+    except KeyError as error:  # jsample's byte fallback: no <0xXX> token for a byte of the text
+      (byte, *_) = error.args or ("?",)
+      byte = f"<0x{byte:02X}>" if isinstance(byte, int) else repr(byte)
+      self.unspellable = f"the grammar needs the text {text!r}, and the vocabulary has no byte token {byte} for it"
+      raise
+
+
+def lltokenizer(tokenizer) -> Any:
+  """The ``llguidance.LLTokenizer`` of a SentencePiece vocabulary with byte fallback, such as Gemma's (about a
+  second for Gemma's 262144 tokens; the latest one is kept).
+
+  Args:
+    tokenizer: a :class:`jsample.models.Tokenizer`, or anything with ``tokens``, ``types`` (see :func:`pieces`),
+      ``eos`` and ``encode(text, bos=False)``.
+
+  Examples:
+    >>> import numpy as np
+    >>> from jsample.models.tokenizer import Tokenizer
+    >>> vocab = Tokenizer(["<eos>", "a", "b"], np.zeros(3), [CONTROL, NORMAL, NORMAL], bos=0, eos=0)
+    >>> lltokenizer(vocab).vocab_size, lltokenizer(vocab).is_special_token(0)
+    (3, True)
+  """
+  return _vocabulary(tokenizer)[0]
+
+
+def _vocabulary(tokenizer) -> tuple[Any, _Vocabulary]:
   if not _latest or _latest[0] is not tokenizer:
-    _latest[:] = [tokenizer, xgrammar().GrammarCompiler(tokenizer_info(tokenizer), max_threads=2)]
-  return _latest[1]
+    llg = llguidance()
+    vocabulary = _Vocabulary(tokenizer)
+    _latest[:] = [tokenizer, llg.LLTokenizer(llg.TokenizerWrapper(vocabulary)), vocabulary]
+  return _latest[1], _latest[2]
 
 
 _latest: list[Any] = []
 
 
-def _readable(error: RuntimeError) -> str:
-  """XGrammar's message without its C++ prefix (``[01:12:31] /project/cpp/x.cc:94: ``)."""
-  return re.sub(r"^\[[\d:]+\] \S+:\d+: (Check failed: .*? is false: )?", "", str(error)).strip()
+def _one_line(message: str) -> str:
+  """llguidance's message on one line: a regex error as ``regex 'PATTERN': what``, else its first line."""
+  lines = message.strip().splitlines() or ["unknown error"]
+  for i, line in enumerate(lines):
+    if line.rstrip().endswith("regex parse error:") and i + 1 < len(lines):
+      what = next((rest[7:] for rest in lines[i + 2 :] if rest.startswith("error: ")), "cannot parse it")
+      return f"regex {lines[i + 1].strip()!r}: {what}"
+  return re.sub(r"^at \d+\(\d+\): ", "", lines[0])
 
 
-def compile_json_schema(schema: str | dict, tokenizer, *, any_whitespace: bool = False) -> Any:
+def _compile(source: str, tokenizer, what: str) -> Grammar:
+  llg = llguidance()
+  tok, vocabulary = _vocabulary(tokenizer)
+  vocabulary.unspellable = ""
+  failed, messages = llg.LLMatcher.validate_grammar_with_warnings(source, tok)
+  if failed:
+    raise ValueError(f"{what}: {_one_line(messages[0])}")
+  grammar = Grammar(source, tok, len(tokenizer.tokens), int(tokenizer.eos), vocabulary)
+  first = llg.LLMatcher(tok, source, log_level=0)
+  llg.numpy.fill_next_token_bitmask(first, np.zeros((1, -(-grammar.vocab_size // 32)), np.int32))
+  if first.is_error():  # the vocabulary cannot spell what the grammar starts with
+    raise ValueError(f"{what}: {_stuck(first, vocabulary)}")
+  return grammar
+
+
+def _stuck(matcher, vocabulary: _Vocabulary | None) -> str:
+  """Why ``matcher`` is in its error state, on one line."""
+  if vocabulary is not None and vocabulary.unspellable:
+    return vocabulary.unspellable
+  return f"no token of the vocabulary continues the grammar ({_one_line(matcher.get_error())})"
+
+
+def bounded_schema(schema: Any) -> Any:
+  """``schema`` with the bounds a generator needs, where the schema sets none itself: every integer of at most 15
+  digits, every number of at most 15 integer digits and 6 fractional ones, without exponent, and objects
+  (``"type": "object"``) that list their ``properties`` closed to others (as llama.cpp and XGrammar do by default).
+
+  A JSON schema lets a number run on forever, and a small model at a high temperature does (``"age": 18737902600000
+  00…`` until the tokens run out); an open object invites made-up keys. The bounds are ``minimum``/``maximum``,
+  ``multipleOf`` and ``"additionalProperties": false``, which llguidance compiles into the grammar; what they allow
+  is valid under the original schema. Strings and arrays are bounded by the schema's own ``maxLength`` and
+  ``maxItems``.
+
+  Examples:
+    >>> bounded_schema({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0},
+    ...                                                  "x": {"type": "number"}}})
+    {'type': 'object', 'properties': {'n': {'type': 'integer', 'minimum': 0, 'maximum': 999999999999999}, \
+'x': {'type': 'number', 'minimum': -999999999999999, 'maximum': 999999999999999, 'multipleOf': 1e-06}}, \
+'additionalProperties': False}
+  """
+  schema = copy.deepcopy(schema)
+  _bound(schema, close=True)
+  return schema
+
+
+def _bound(node: Any, close: bool) -> None:
+  if isinstance(node, list):
+    for item in node:
+      _bound(item, close)
+    return
+  if not isinstance(node, dict):
+    return
+  kinds = node.get("type")
+  kinds = {kinds} if isinstance(kinds, str) else set(kinds) if isinstance(kinds, list) else set()
+  if kinds & {"integer", "number"}:
+    if "minimum" not in node and "exclusiveMinimum" not in node:
+      node["minimum"] = -LARGEST
+    if "maximum" not in node and "exclusiveMaximum" not in node:
+      node["maximum"] = LARGEST
+    if "number" in kinds and "multipleOf" not in node:
+      node["multipleOf"] = FRACTION
+  # An allOf's parts (and a node merged with one or with a $ref) are intersected: closing one would drop the
+  # properties the others add.
+  merged = {"allOf", "$ref", "additionalProperties", "patternProperties", "unevaluatedProperties"}
+  if close and "object" in kinds and isinstance(node.get("properties"), dict) and not merged & node.keys():
+    node["additionalProperties"] = False
+  for key, value in node.items():
+    if key not in ("enum", "const", "default", "examples", "x-guidance"):  # values, not schemas
+      _bound(value, close and key != "allOf")
+
+
+def compile_json_schema(schema: str | dict, tokenizer, *, any_whitespace: bool = False, bound: bool = True) -> Grammar:
   """A JSON schema compiled against ``tokenizer``'s vocabulary, for :class:`Constraint`.
 
   Args:
-    schema: the schema, as JSON text or a dict.
-    tokenizer: see :func:`tokenizer_info`.
-    any_whitespace: allow any whitespace between JSON's tokens; off by default, so the output is compact JSON
-      (one space after ``:`` and ``,``) and a small model cannot wander off into blank lines.
+    schema: the schema, as JSON text or a dict. Object properties come in the schema's order. A top-level
+      ``"x-guidance"`` key sets llguidance's JSON options (``whitespace_pattern``, ``item_separator`` ...).
+    tokenizer: see :func:`lltokenizer`.
+    any_whitespace: allow any whitespace (newlines too) wherever JSON does; off by default: at most one space, so
+      a row is one line and a small model cannot wander off into blank lines.
+    bound: bound every number's digits (:func:`bounded_schema`).
 
   Returns:
-    An ``xgrammar.CompiledGrammar``.
+    A :class:`Grammar`.
 
   Raises:
-    ValueError: the schema is not JSON, or uses what XGrammar does not support.
-    MissingExtra: XGrammar is not installed.
+    ValueError: the schema is not JSON, uses what llguidance does not support (the message names it), or starts
+      with text the vocabulary cannot spell.
+    MissingExtra: llguidance is not installed.
 
   Examples:
-    >>> from types import SimpleNamespace
-    >>> vocab = SimpleNamespace(tokens=["<eos>", "1", "2", "x"], types=[3, 1, 1, 1], eos=0)
+    >>> import numpy as np
+    >>> from jsample.models.tokenizer import Tokenizer
+    >>> vocab = Tokenizer(["<eos>", "1", "2", "x"], np.zeros(4), [CONTROL, NORMAL, NORMAL, NORMAL], bos=0, eos=0)
     >>> constraint = Constraint(compile_json_schema({"type": "integer", "maximum": 99}, vocab))
     >>> constraint.advance([1]); constraint.advance([2]); constraint.advance([0]); constraint.done.tolist()
     [True]
+    >>> compile_json_schema({"type": "string", "format": "isbn"}, vocab)
+    Traceback (most recent call last):
+    ...
+    ValueError: json schema: Unknown format: isbn
   """
+  llg = llguidance()
+  if isinstance(schema, str):
+    try:
+      schema = json.loads(schema)
+    except ValueError as error:
+      raise ValueError(f"json schema: not JSON: {error}") from None
+  if bound:
+    schema = bounded_schema(schema)
+  options = {"whitespace_flexible": True} if any_whitespace else {"whitespace_pattern": WHITESPACE}
   try:
-    return _compiler(tokenizer).compile_json_schema(schema, any_whitespace=any_whitespace)
-  except RuntimeError as error:
-    raise ValueError(f"json schema: {_readable(error)}") from None
+    source = llg.LLMatcher.grammar_from_json_schema(schema, defaults=options)
+  except ValueError as error:
+    raise ValueError(f"json schema: {_one_line(str(error))}") from None
+  return _compile(source, tokenizer, "json schema")
 
 
-def compile_regex(pattern: str, tokenizer) -> Any:
+def compile_regex(pattern: str, tokenizer) -> Grammar:
   """A regular expression compiled against ``tokenizer``'s vocabulary, for :class:`Constraint`; the whole output
   must match it.
 
   Raises:
-    ValueError: XGrammar cannot parse the pattern.
-    MissingExtra: XGrammar is not installed.
+    ValueError: llguidance cannot parse the pattern (no look-arounds or backreferences), or the vocabulary
+      cannot spell its first bytes (a SentencePiece vocabulary spells any text with its byte tokens
+      ``<0x00>``..``<0xFF>``).
+    MissingExtra: llguidance is not installed.
 
   Examples:
-    >>> from types import SimpleNamespace
-    >>> vocab = SimpleNamespace(tokens=["<eos>", "a", "b"], types=[3, 1, 1], eos=0)  # 3: a control token
+    >>> import numpy as np
+    >>> from jsample.models.tokenizer import Tokenizer
+    >>> vocab = Tokenizer(["<eos>", "a", "b"], np.zeros(3), [CONTROL, NORMAL, NORMAL], bos=0, eos=0)
     >>> Constraint(compile_regex("a+b", vocab)).mask().shape
     (1, 1)
+    >>> compile_regex("(a", vocab)
+    Traceback (most recent call last):
+    ...
+    ValueError: regex: regex '(a': unclosed group
+    >>> compile_regex("ax", vocab)
+    Traceback (most recent call last):
+    ...
+    ValueError: regex: the grammar needs the text 'ax', and the vocabulary has no byte token <0x78> for it
   """
-  try:
-    return _compiler(tokenizer).compile_regex(pattern)
-  except RuntimeError as error:
-    raise ValueError(f"regex: {_readable(error)}") from None
+  return _compile(llguidance().LLMatcher.grammar_from_regex(pattern), tokenizer, "regex")
+
+
+def compile_lark(grammar: str, tokenizer) -> Grammar:
+  """A context-free grammar in llguidance's Lark syntax (``start: ...``; ``%json {...}`` embeds a JSON schema),
+  compiled against ``tokenizer``'s vocabulary, for :class:`Constraint`. llama.cpp's GBNF grammars convert with
+  ``llguidance.gbnf_to_lark``.
+
+  Examples:
+    >>> import numpy as np
+    >>> from jsample.models.tokenizer import Tokenizer
+    >>> vocab = Tokenizer(["<eos>", "yes", "no"], np.zeros(3), [CONTROL, NORMAL, NORMAL], bos=0, eos=0)
+    >>> import jsample
+    >>> jsample.unpack_mask(Constraint(compile_lark('start: "yes" | "no"', vocab)).mask()[0], 3).tolist()
+    [False, True, True]
+  """
+  return _compile(llguidance().LLMatcher.grammar_from_lark(grammar), tokenizer, "lark grammar")
 
 
 class Constraint:
-  """One grammar matcher per row: the packed mask of each step, advanced with the drawn tokens.
+  """One llguidance matcher per row: the packed mask of each step, advanced with the drawn tokens.
 
-  A row is done once its matcher has accepted the stop token (EOS), which a completed grammar allows and an
+  A row is done once its matcher has accepted the stop token (EOS), which a complete grammar allows and an
   incomplete one does not; from then on its mask allows EOS alone, so the row keeps drawing a valid token while
   others finish.
 
   Args:
-    grammar: from :func:`compile_json_schema` or :func:`compile_regex` (any ``xgrammar.CompiledGrammar``).
+    grammar: from :func:`compile_json_schema`, :func:`compile_regex` or :func:`compile_lark`.
     batch: ``B``, the rows.
 
   Attributes:
@@ -171,9 +370,9 @@ class Constraint:
     text: ``[B]`` lists of the tokens each matcher accepted, stop token excluded.
 
   Examples:
-    >>> from types import SimpleNamespace
-    >>> import jsample
-    >>> vocab = SimpleNamespace(tokens=["<eos>", "a", "b"], types=[3, 1, 1], eos=0)  # 3: a control token
+    >>> import numpy as np, jsample
+    >>> from jsample.models.tokenizer import Tokenizer
+    >>> vocab = Tokenizer(["<eos>", "a", "b"], np.zeros(3), [CONTROL, NORMAL, NORMAL], bos=0, eos=0)
     >>> constraint = Constraint(compile_regex("ab", vocab))
     >>> allowed = lambda: jsample.unpack_mask(constraint.mask()[0], 3).tolist()
     >>> allowed()
@@ -186,24 +385,31 @@ class Constraint:
     ([True], [[1, 2]])
   """
 
-  def __init__(self, grammar: Any, batch: int = 1):
-    xgr = xgrammar()
-    info = grammar.tokenizer_info
-    self.vocab_size = info.vocab_size
-    (self.stop, *_) = info.stop_token_ids
-    self.matchers = [xgr.GrammarMatcher(grammar) for _ in range(batch)]
+  def __init__(self, grammar: Grammar, batch: int = 1):
+    llg = llguidance()
+    self._numpy = llg.numpy
+    self.vocab_size, self.stop, self._vocabulary = grammar.vocab_size, grammar.eos, grammar.vocabulary
+    self.matchers = [llg.LLMatcher(grammar.tokenizer, grammar.source, log_level=0) for _ in range(batch)]
     self.done = np.zeros(batch, bool)
     self.text: list[list[int]] = [[] for _ in range(batch)]
     self._words = np.zeros((batch, -(-self.vocab_size // 32)), np.int32)
+    self._eos = np.zeros_like(self._words[0])
+    self._eos[self.stop // 32] = np.array(1 << (self.stop % 32), np.uint32).view(np.int32)
+    self._executor = _executor(llg)
 
   def mask(self) -> np.ndarray:
-    """The packed mask ``[B, M]`` int32 for the next token (a fresh array: JAX may keep reading it)."""
-    for row, matcher in enumerate(self.matchers):
-      if self.done[row]:
-        self._words[row] = 0
-        self._words[row, self.stop // 32] = np.array(1 << (self.stop % 32), np.uint32).view(np.int32)
-      else:
-        matcher.fill_next_token_bitmask(self._words, row)
+    """The packed mask ``[B, M]`` int32 for the next token (a fresh array: JAX may keep reading it).
+
+    Raises:
+      ValueError: no token of the vocabulary continues a row's grammar (it lacks byte tokens the grammar needs).
+    """
+    live = [(matcher, row) for row, matcher in enumerate(self.matchers) if not self.done[row]]
+    self._words[self.done] = self._eos
+    if live:  # the rows' masks in parallel, outside the GIL
+      self._numpy.fill_next_token_bitmask_par(self._executor, live, self._words)
+    for matcher, row in live:
+      if matcher.is_error():
+        raise ValueError(f"row {row}, after {len(self.text[row])} tokens: {_stuck(matcher, self._vocabulary)}")
     return self._words.copy()
 
   def advance(self, tokens) -> None:
@@ -216,13 +422,23 @@ class Constraint:
     for row, (matcher, token) in enumerate(zip(self.matchers, tokens.tolist(), strict=True)):
       if self.done[row]:
         continue
-      if not matcher.accept_token(token):
+      if not matcher.consume_token(token):
         raise ValueError(f"row {row}: token {token} is not allowed by its grammar; pass mask=constraint.mask()")
-      if matcher.is_terminated():
+      if token == self.stop:
         self.done[row] = True
       else:
         self.text[row].append(token)
 
   def completed(self) -> np.ndarray:
     """``[B]`` bool: the rows whose text so far is a whole match (done, or able to stop here)."""
-    return np.array([d or m.is_completed() for d, m in zip(self.done, self.matchers, strict=True)])
+    return np.array([d or m.is_accepting() for d, m in zip(self.done, self.matchers, strict=True)])
+
+
+def _executor(llg) -> Any:
+  """llguidance's thread pool for the rows' masks, one per process."""
+  if not _pool:
+    _pool.append(llg.LLExecutor())
+  return _pool[0]
+
+
+_pool: list[Any] = []

@@ -1,7 +1,7 @@
 """The notebooks in ``notebooks/``: stored without outputs, and each one runs from start to end.
 
 Running them (nbclient, a fresh IPython kernel per notebook, in ``notebooks/`` so they use this checkout) needs the
-``gemma`` extra and Gemma's weights; the structured-output notebook also needs XGrammar. All three come with the
+``gemma`` extra and Gemma's weights; the structured-output notebook also needs llguidance. All three come with the
 README's test command. Each notebook takes under a minute on 2 cores once the weights are cached, most of it compiling.
 """
 
@@ -46,7 +46,7 @@ def test_outputs_are_stripped(name):
 def test_notebook_runs(name):
   require("nbclient")
   if name == "structured_output.ipynb":
-    require("xgrammar")
+    require("llguidance")
   import nbformat
   from nbclient import NotebookClient
 
@@ -56,6 +56,4 @@ def test_notebook_runs(name):
   for index, cell in enumerate(notebook.cells):  # as filterwarnings = error does for the suite
     for output in cell.get("outputs", []):
       text = output.get("text", "") if output.get("name") == "stderr" else ""
-      # tqdm, which XGrammar imports through transformers, warns in a kernel without ipywidgets: not ours
-      text = "\n".join(line for line in text.splitlines() if "TqdmWarning: IProgress not found" not in line)
       assert "Warning" not in text, f"{name}: cell {index} warned: {text}"

@@ -1,4 +1,5 @@
-"""The weight cache on a tiny synthetic model: written with a manifest, checked when opened, rebuilt when damaged.
+"""The weight cache on a tiny synthetic model: written with a manifest, checked when opened, rebuilt when damaged;
+and the compiled programs' cache (``jsample generate``'s ``~/.cache/jsample/xla``), whose damaged entry is rebuilt once.
 
 No GGUF file and no ``gemma`` extra needed: :func:`jsample.models.weights.open_cache` takes the build function.
 """
@@ -6,6 +7,9 @@ No GGUF file and no ``gemma`` extra needed: :func:`jsample.models.weights.open_c
 import io
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -191,3 +195,41 @@ def test_interrupted_progress_ends_its_line():
     progress.advance()
     raise KeyboardInterrupt
   assert stream.getvalue() == "\rjsample: writing 0/5 files\rjsample: writing 1/5 files\n"
+
+
+COMPILE = """
+import sys, jax, jax.numpy as jnp
+jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+from jsample.models.generate import mending_compiled_programs
+with mending_compiled_programs():
+  print(jax.jit(lambda x: jnp.cumsum(x) * 2 + 1)(jnp.arange(4)).tolist())
+"""
+
+
+def test_a_damaged_compiled_program_is_removed_and_rebuilt_once(tmp_path):
+  def run() -> str:
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+      [sys.executable, "-W", "error::UserWarning", "-c", COMPILE, str(tmp_path)],
+      capture_output=True,
+      text=True,
+      check=True,
+      cwd=root,
+      env=dict(os.environ, PYTHONPATH=str(root)),
+    )
+    assert done.stdout.strip() == "[1, 3, 7, 13]"
+    return done.stderr
+
+  assert "damaged" not in run()
+  entries = sorted(tmp_path.glob("*-cache"))
+  sizes = [p.stat().st_size for p in entries]
+  for entry in entries:  # a write cut short, its middle overwritten
+    data = bytearray(entry.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 64] = bytes(64)
+    entry.write_bytes(bytes(data[:-50]))
+  err = run()  # -W error: JAX's warning would fail the run
+  assert err.count("removed a damaged compiled program") == len(entries), err
+  assert [p.stat().st_size for p in entries] == sizes  # rewritten whole
+  assert run() == ""  # and read without a word from then on

@@ -5,6 +5,10 @@ The prompt runs in one call (prefill, then the first pick); every later token is
 the sampler's state and the positions are the step's carry, so nothing is recomputed and a step costs the same at
 every position.
 
+Under a grammar (:mod:`jsample.structured`) the step is two calls, the forward pass and the pick: the forward pass
+of step ``t + 1`` needs only token ``t``, so it is dispatched first and the host computes the grammar's mask while
+the device runs it; the pick then takes the mask. The tokens are the ones the single call draws.
+
 Examples:
   jsample generate
   jsample generate "The capital of France is" --max-tokens 32 --temperature 0
@@ -12,11 +16,16 @@ Examples:
 """
 
 import argparse
+import ast
+import contextlib
 import dataclasses
 import functools
 import json
+import logging
 import sys
 import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import jax
@@ -63,6 +72,7 @@ class Stats:
   decode: float = 0.0
   compile: float = 0.0
   sampler: float = float("nan")  # jax.jit(sampler.pick) alone on the same [B, V] logits
+  grammar: float = 0.0  # host time in the grammar's masks and advances, over the decode steps
 
   def report(self) -> str:
     """One line: prompt and generation tokens per second, and the sampler's share of a step.
@@ -79,10 +89,13 @@ class Stats:
     if not self.steps:
       return line + " (the prompt's call only)"
     step = self.decode / self.steps
-    return (
-      line + f", {self.steps} steps of {step * 1e3:.1f} ms = {self.batch / step:.1f} tokens/s; "
+    line += (
+      f", {self.steps} steps of {step * 1e3:.1f} ms = {self.batch / step:.1f} tokens/s; "
       f"sampler {self.sampler * 1e3:.2f} ms = {100 * self.sampler / step:.1f}% of a step"
     )
+    if self.grammar:
+      line += f"; grammar {self.grammar / self.steps * 1e3:.2f} ms a step on the host"
+    return line
 
 
 def _prefill(sampler, model, tokens, lengths, state, mask, size):
@@ -95,6 +108,11 @@ def _step(sampler, model, token, position, cache, state, mask):
   logits, cache = gemma3.decode(model, token, position, cache)
   token, state = sampler.pick(logits, state, mask=mask)
   return token, position + 1, cache, state
+
+
+def _forward(model, token, position, cache):
+  logits, cache = gemma3.decode(model, token, position, cache)
+  return logits, position + 1, cache
 
 
 class Generator:
@@ -117,6 +135,8 @@ class Generator:
     self.sampler = sampler or jsample.gemma(vocab_size=text.model.config.vocab)
     self._prefill = jax.jit(functools.partial(_prefill, self.sampler), static_argnames="size")
     self._step = jax.jit(functools.partial(_step, self.sampler), donate_argnames=("cache", "state"))
+    self._forward = jax.jit(_forward, donate_argnames="cache")
+    self._masked_pick = jax.jit(self.sampler.pick, donate_argnames="state")
     self._pick = jax.jit(self.sampler.pick)
     self._compiled: dict = {}
     self.stats = Stats()
@@ -128,13 +148,16 @@ class Generator:
       check_length(len(row))
     return ids
 
-  def run(self, prompts: list[str], max_tokens: int, seed: int = 0, constraint=None, **settings):
+  def run(
+    self, prompts: list[str], max_tokens: int, seed: int = 0, constraint=None, *, overlap: bool = True, **settings
+  ):
     """Yields the batch's tokens, one ``[B]`` NumPy array per step, until every row has drawn EOS or
     ``max_tokens`` tokens (fewer if the context ends first). Row ``i`` draws with seed ``seed + i``.
 
     ``constraint`` (a :class:`jsample.structured.Constraint` with ``B`` rows) masks every draw with its grammar
-    and is advanced with the drawn tokens. ``self.stats`` holds the timings once the generator is exhausted or
-    closed.
+    and is advanced with the drawn tokens. With ``overlap`` (the default) the host computes each step's mask while
+    the device runs that step's forward pass; without, the mask comes first and the step is one call (the same
+    tokens, for timing the difference). ``self.stats`` holds the timings once the generator is exhausted or closed.
     """
     ids = self.encode(prompts)
     batch, longest = len(ids), max(len(r) for r in ids)
@@ -148,7 +171,7 @@ class Generator:
 
     start = time.perf_counter()
     mask = None if constraint is None else constraint.mask()
-    prefill, step = self._compile(tokens, lengths, state, mask, size)
+    prefill, step, forward, pick = self._compile(tokens, lengths, state, mask, size)
     stats.compile = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -165,12 +188,25 @@ class Generator:
       for _ in range(max_tokens - 1):
         if done.all():
           break
-        if constraint is not None:  # the matcher's one round trip: the tokens came back, the mask goes out
+        if constraint is not None and overlap:
+          # The forward pass needs only the last token: dispatched (asynchronously), it runs on the device while
+          # the host computes the mask of the token it leads to; the pick then waits for both.
+          logits, position, cache = forward(self.text.model, token, position, cache)
+          host = time.perf_counter()
           mask = constraint.mask()
-        token, position, cache, state = step(self.text.model, token, position, cache, state, mask)
+          stats.grammar += time.perf_counter() - host
+          token, state = pick(logits, state, mask)
+        else:
+          if constraint is not None:  # the mask first, then the step: one after the other
+            host = time.perf_counter()
+            mask = constraint.mask()
+            stats.grammar += time.perf_counter() - host
+          token, position, cache, state = step(self.text.model, token, position, cache, state, mask)
         out = np.asarray(token)
         if constraint is not None:
+          host = time.perf_counter()
           constraint.advance(out)
+          stats.grammar += time.perf_counter() - host
         stats.steps += 1
         done |= out == self.text.tokenizer.eos
         yield out
@@ -179,15 +215,20 @@ class Generator:
       stats.sampler = self.time_sampler(logits, self.sampler.init(seed=np.arange(batch), prompt=ids, **settings))
 
   def _compile(self, tokens, lengths, state, mask, size: int):
-    """The compiled prefill and step for these shapes, compiled ahead so that no timing includes a compile."""
+    """The compiled prefill and step (and, under a mask, the forward pass and the pick apart) for these shapes,
+    compiled ahead so that no timing includes a compile."""
     shapes = (tokens.shape, size, tuple((a.shape, str(a.dtype)) for a in jax.tree.leaves((state, mask))))
     if shapes not in self._compiled:
       prefill = self._prefill.lower(self.text.model, tokens, lengths, state, mask, size=size).compile()
-      token, _, cache, _ = jax.eval_shape(
+      token, _, cache, logits = jax.eval_shape(
         functools.partial(self._prefill, size=size), self.text.model, tokens, lengths, state, mask
       )
       step = self._step.lower(self.text.model, token, lengths, cache, state, mask).compile()
-      self._compiled[shapes] = prefill, step
+      forward = pick = None
+      if mask is not None:
+        forward = self._forward.lower(self.text.model, token, lengths, cache).compile()
+        pick = self._masked_pick.lower(logits, state, mask).compile()
+      self._compiled[shapes] = prefill, step, forward, pick
     return self._compiled[shapes]
 
   def time_sampler(self, logits: jax.Array, state: jsample.SamplerState, repeats: int = 20) -> float:
@@ -204,7 +245,9 @@ def parser() -> argparse.ArgumentParser:
     description="Gemma 3 270M writes text; jsample's Gemma recipe picks every token in a jitted decode loop.",
     epilog="The first run dequantizes the model into ~/.cache/jsample (about 30 s, 1.1 GB) and compiles (about "
     "30 s), saying so on stderr; later runs start in a few seconds, and rebuild a damaged cache. Timings go to "
-    "stderr.",
+    "stderr. Exit status: 0 when done; with --json-schema or --regex, the number of rows (at most 100) that "
+    "--max-tokens cut off before their grammar was complete, each named on stderr; 1 or 2 also for an error "
+    "said on stderr before any text; 130 after Ctrl-C.",
   )
   p.add_argument(
     "prompt", nargs="?", default=DEFAULT_PROMPT, help=f"the text to continue (default: {DEFAULT_PROMPT!r})"
@@ -216,7 +259,8 @@ def parser() -> argparse.ArgumentParser:
   grammar.add_argument(
     "--json-schema",
     metavar="FILE",
-    help="the output is JSON valid under this schema (the structured extra: XGrammar); only it goes to stdout",
+    help="the output is JSON valid under this schema, one row a line, numbers of bounded digits (the structured "
+    "extra: llguidance); only it goes to stdout",
   )
   grammar.add_argument(
     "--regex", metavar="PATTERN", help="the output matches this regular expression (the structured extra)"
@@ -245,6 +289,54 @@ def keep_compiled_programs() -> None:
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
+# JAX turns an entry of the persistent cache it cannot read (truncated, corrupt) into this warning and compiles
+# afresh, but never overwrites the entry: the same warning would come on every later run.
+UNREADABLE = "Error reading persistent compilation cache entry"
+
+
+@contextlib.contextmanager
+def mending_compiled_programs() -> Iterator[None]:
+  """Within it, a compiled program that JAX cannot read from the persistent cache is removed when JAX finds it, so
+  that the program JAX compiles in its place is written there: rebuilt once, said once on stderr.
+
+  JAX names the entry it reads only in a debug line of its cache (``Cache hit for key: '...'``), which this
+  catches; where it does not, the entry stays and JAX's warning is shown as before.
+  """
+  folder = getattr(jax.config, "jax_compilation_cache_dir", None)
+  if not folder:
+    yield
+    return
+  keys: list[str] = []
+
+  class Reads(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+      line = record.getMessage()
+      if line.startswith("Cache hit for key: "):
+        keys.append(ast.literal_eval(line.removeprefix("Cache hit for key: ")))
+
+  def show(message, category, filename, lineno, file=None, line=None):
+    entry = Path(folder) / f"{keys[-1]}-cache" if keys else None  # JAX's LRUCache names files key + "-cache"
+    if UNREADABLE not in str(message) or entry is None or not entry.exists():
+      return shown(message, category, filename, lineno, file, line)
+    entry.unlink(missing_ok=True)
+    print(f"jsample: removed a damaged compiled program ({entry}); compiling it afresh, once", file=sys.stderr)
+
+  log, reads = logging.getLogger("jax._src.lru_cache"), Reads()
+  level, propagate, shown = log.level, log.propagate, warnings.showwarning
+  with warnings.catch_warnings():
+    warnings.filterwarnings("always", message=UNREADABLE)  # seen each time, whatever the filters (pytest's)
+    warnings.showwarning = show
+    log.setLevel(logging.DEBUG)
+    log.propagate = False  # its debug lines go to the handler alone
+    log.addHandler(reads)
+    try:
+      yield
+    finally:
+      log.removeHandler(reads)
+      log.setLevel(level)
+      log.propagate = propagate
+
+
 def main(argv=None) -> int:
   """``jsample generate``; returns the exit status (130 after Ctrl-C)."""
   cli = parser()
@@ -261,7 +353,7 @@ def main(argv=None) -> int:
     from jsample import structured
 
     try:
-      structured.xgrammar()
+      structured.llguidance()
       schema = json.loads(Path(args.json_schema).read_text()) if args.json_schema is not None else None
     except structured.MissingExtra as error:
       print(f"jsample generate: {error}", file=sys.stderr)
@@ -291,12 +383,12 @@ def main(argv=None) -> int:
   if grammar:
     try:
       if schema is not None:
-        compiled = structured.compile_json_schema(schema, text.tokenizer)
+        rules = structured.compile_json_schema(schema, text.tokenizer)
       else:
-        compiled = structured.compile_regex(args.regex, text.tokenizer)
+        rules = structured.compile_regex(args.regex, text.tokenizer)
     except ValueError as error:
       cli.error(str(error))
-    constraint = structured.Constraint(compiled, args.batch)
+    constraint = structured.Constraint(rules, args.batch)
   compiling = "compiling the prefill and the decode step (about 30 s the first time; a few seconds once cached)"
   print(f"[loaded Gemma 3 270M in {loaded:.1f} s; {compiling}]", file=sys.stderr, flush=True)
 
@@ -306,14 +398,15 @@ def main(argv=None) -> int:
   interrupted = False
   run = gen.run(prompts, args.max_tokens, args.seed, constraint, **settings)
   try:
-    if stream and not grammar:  # structured output goes to stdout alone, ready for a parser
-      print(args.prompt, end="", flush=True)
-    for tokens in run:
-      for row, token in zip(rows, tokens.tolist(), strict=True):
-        if tokenizer.eos not in row[-1:]:
-          row.append(token)
-          if stream:
-            print(stream.push(token), end="", flush=True)
+    with mending_compiled_programs():  # the compiles happen in the run's first step and its last
+      if stream and not grammar:  # structured output goes to stdout alone, ready for a parser
+        print(args.prompt, end="", flush=True)
+      for tokens in run:
+        for row, token in zip(rows, tokens.tolist(), strict=True):
+          if tokenizer.eos not in row[-1:]:
+            row.append(token)
+            if stream:
+              print(stream.push(token), end="", flush=True)
   except KeyboardInterrupt:
     interrupted = True
     run.close()
@@ -329,8 +422,12 @@ def main(argv=None) -> int:
     print("[interrupted]", file=sys.stderr)
   unfinished = [] if constraint is None or interrupted else np.flatnonzero(~constraint.done).tolist()
   if unfinished:  # the grammar was not complete when --max-tokens ran out: the text is only a prefix of a match
-    print(f"[rows {unfinished}: --max-tokens ended before the grammar was complete]", file=sys.stderr)
+    print(
+      f"[{len(unfinished)} of {args.batch} rows ({unfinished}): --max-tokens ended before the grammar was complete; "
+      "their text is incomplete]",
+      file=sys.stderr,
+    )
   stats = gen.stats
   compiled = f"compiled in {stats.compile:.1f} s; " if stats.compile else ""
   print(f"[{compiled}{stats.report()}]", file=sys.stderr)
-  return 130 if interrupted else 1 if unfinished else 0
+  return 130 if interrupted else min(len(unfinished), 100)
