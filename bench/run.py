@@ -315,6 +315,28 @@ def accelerator_targets(results: list[dict]) -> list[tuple[str, str, bool]]:
   return out
 
 
+# The plot's names for the workloads (bench/workloads.py) and the baselines' settings, beside their letters.
+SHORT_NAMES = {
+  "a": "Gemma chain",
+  "b": "llama.cpp chain, top-k off",
+  "c": "temperature first, T 1.6",
+  "d": "greedy",
+  "e": "mixed batch",
+  "f": "packed mask, 10% allowed",
+  "g": "pure sampling",
+  "h": "Gemma chain, W=1024",
+  "i": "DRY and penalties, W=1024",
+  "k64": "top-k 64, top-p .95",
+}
+
+
+def tick(label: str) -> str:
+  """A bar's name: ``"c:full sort"`` -> ``"(c) temperature first, T 1.6: full sort"``."""
+  workload, _, engine = label.partition(":")
+  name = f"({workload}) {SHORT_NAMES[workload]}" if workload in SHORT_NAMES else workload
+  return f"{name}: {engine}" if engine else name
+
+
 def plot(results: list[dict], path: Path, batch: int = 64) -> bool:
   """A bar chart of the ratios at V=262144, float32, one batch size (needs matplotlib)."""
   try:
@@ -329,13 +351,14 @@ def plot(results: list[dict], path: Path, batch: int = 64) -> bool:
     return False
   labels = list(dict.fromkeys(r["workload"] for r in at))
   kinds = list(dict.fromkeys(r["rows"] for r in at))
-  fig, ax = plt.subplots(figsize=(max(8, 0.6 * len(labels)), 4.5))
+  fig, ax = plt.subplots(figsize=(max(8, 0.6 * len(labels)), 6.5))
   width = 0.8 / max(len(kinds), 1)
   for i, kind in enumerate(kinds):
     ratio = {r["workload"]: r["ratio"] for r in at if r["rows"] == kind}
     xs = [j + i * width for j, label in enumerate(labels) if label in ratio]
     ax.bar(xs, [ratio[label] for label in labels if label in ratio], width, label=f"{kind} rows")
-  ax.set_xticks([j + width * (len(kinds) - 1) / 2 for j in range(len(labels))], labels, rotation=60, ha="right")
+  ticks = [j + width * (len(kinds) - 1) / 2 for j in range(len(labels))]
+  ax.set_xticks(ticks, [tick(label) for label in labels], rotation=60, ha="right")
   ax.set_yscale("log")
   ax.axhline(1.0, color="black", linewidth=0.8)
   ax.set_ylabel("time / read floor (jnp.max)")

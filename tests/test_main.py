@@ -72,3 +72,12 @@ def test_jsample_command_dispatches(capsys, monkeypatch):
     cli(["generate", "--help"])
   assert exit_.value.code == 0 and kept == [True]
   assert "--max-tokens" in capsys.readouterr().out
+
+
+def test_help_names_generate_first(capsys):
+  from jsample.__main__ import cli
+
+  assert cli(["--help"]) == 0
+  out = capsys.readouterr().out
+  assert out.index("generate") < out.index("demo")
+  assert 'pip install "jsample[gemma]"' in out

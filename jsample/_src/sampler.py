@@ -45,6 +45,23 @@ class Sampler:
   strategy: str = "auto"
   checking: checked.Checks | None = None
 
+  def __repr__(self) -> str:
+    """The stages in order and the static sizes: the stages' functions would say nothing a reader can use.
+
+    Examples:
+      >>> import jsample
+      >>> jsample.chain(jsample.top_k(40), jsample.temperature(0.8))
+      Sampler(top_k → temperature; window_size=64, budget=128, strategy='auto')
+      >>> jsample.gemma(vocab_size=1000, budget=64).checked()  # doctest: +NORMALIZE_WHITESPACE
+      Sampler(penalties → top_k → top_p → min_p → temperature;
+              window_size=64, budget=64, vocab_size=1000, strategy='auto', checked)
+    """
+    sizes = f"window_size={self.window_size}, budget={self.budget}"
+    if self.vocab_size is not None:
+      sizes += f", vocab_size={self.vocab_size}"
+    sizes += f", strategy={self.strategy!r}" + (", checked" if self.checking is not None else "")
+    return f"Sampler({' → '.join(stage.name for stage in self.stages)}; {sizes})"
+
   def __post_init__(self):
     validation.chain(self.stages, self.window_size, self.budget, self.vocab_size, self.strategy)
     for setting in self.settings.values():

@@ -252,9 +252,13 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument(
     "prompt", nargs="?", default=DEFAULT_PROMPT, help=f"the text to continue (default: {DEFAULT_PROMPT!r})"
   )
-  p.add_argument("--max-tokens", type=int, default=64, metavar="N", help="tokens to generate per row (64)")
-  p.add_argument("--seed", type=int, default=0, metavar="S", help="row i draws with seed S + i (0)")
-  p.add_argument("--batch", type=int, default=1, metavar="N", help="rows generated together from the prompt (1)")
+  p.add_argument(
+    "--max-tokens", type=int, default=64, metavar="N", help="tokens to generate per row (default: %(default)s)"
+  )
+  p.add_argument("--seed", type=int, default=0, metavar="S", help="row i draws with seed S + i (default: %(default)s)")
+  p.add_argument(
+    "--batch", type=int, default=1, metavar="N", help="rows generated together from the prompt (default: %(default)s)"
+  )
   grammar = p.add_mutually_exclusive_group()
   grammar.add_argument(
     "--json-schema",
@@ -265,7 +269,7 @@ def parser() -> argparse.ArgumentParser:
   grammar.add_argument(
     "--regex", metavar="PATTERN", help="the output matches this regular expression (the structured extra)"
   )
-  add_setting_flags(p, jsample.gemma().settings.values(), "the Gemma recipe's")
+  add_setting_flags(p, {"gemma": jsample.gemma()})
   return p
 
 

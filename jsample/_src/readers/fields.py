@@ -4,6 +4,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from jsample._src import recipes
 from jsample._src.sampler import Sampler
 
@@ -21,11 +23,34 @@ class Config(NamedTuple):
     >>> config = jsample.from_openai({"temperature": 0.7, "seed": 7, "n": 2})
     >>> config.settings["temperature"], config.extras
     (0.7, {'seed': 7, 'n': 2})
+    >>> config = jsample.from_openai({"temperature": 0.7, "logit_bias": {"50256": -100}})
+    >>> print(config)  # the list settings without their padding  # doctest: +NORMALIZE_WHITESPACE
+    Config(sampler=Sampler(allowed_tokens → banned_tokens → min_tokens → logit_bias → penalties → temperature →
+                           min_p → top_k → top_p; window_size=64, budget=128, strategy='auto'),
+           settings={'temperature': 0.7, 'logit_bias_ids': [50256], 'logit_bias_values': [-100.0],
+                     'allowed_token_ids': [], 'banned_token_ids': [], 'eos_token_ids': []},
+           extras={})
   """
 
   sampler: Sampler
   settings: dict
   extras: dict
+
+  def __repr__(self) -> str:
+    # List settings are padded to their stage's static size: shown without the padding (-1 ids, trailing zeros).
+    settings = ", ".join(f"{name!r}: {_unpadded(value)!r}" for name, value in self.settings.items())
+    return f"Config(sampler={self.sampler!r},\n       settings={{{settings}}},\n       extras={self.extras!r})"
+
+
+def _unpadded(value):
+  """A padded list setting as a plain list without its padding; any other value as it is."""
+  if not isinstance(value, np.ndarray):
+    return value
+  if np.issubdtype(value.dtype, np.integer):
+    if value.ndim == 2:  # DRY's breakers: token-id sequences
+      return [row for row in (_unpadded(r) for r in value) if row]
+    return [int(v) for v in value if v != -1]
+  return [float(v) for v in np.trim_zeros(value, "b")]
 
 
 # --- checks -------------------------------------------------------------------
