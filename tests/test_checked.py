@@ -98,9 +98,9 @@ def test_token_ids_given_to_seed_and_accept():
   sampler = jsample.llama_cpp(window_size=WINDOW, vocab_size=V).checked()
   state = sampler.init(seed=[0, 1])
   seed = jax.jit(checkify.checkify(sampler.load_prompt))
-  assert seed(state, jnp.array([[3, -1], [4, 5]]))[0].get() is None
-  assert "prompt: token ids must be in [-1, 40)" in seed(state, jnp.array([[3, -1], [4, 40]]))[0].get()
-  assert "prompt" in seed(state, jnp.array([[3, -5], [4, 5]]))[0].get()
+  assert seed(jnp.array([[3, -1], [4, 5]]), state)[0].get() is None
+  assert "prompt: token ids must be in [-1, 40)" in seed(jnp.array([[3, -1], [4, 40]]), state)[0].get()
+  assert "prompt" in seed(jnp.array([[3, -5], [4, 5]]), state)[0].get()
   accept = jax.jit(checkify.checkify(sampler.accept))
   assert accept(jnp.array([0, 39]), state)[0].get() is None
   assert "token: token ids must be in [0, 40); entry 0 (flat) holds -1" in accept(jnp.array([-1, 39]), state)[0].get()

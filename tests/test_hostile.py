@@ -345,10 +345,10 @@ def test_traced_ids_outside_the_vocabulary_are_ignored():
   best = int(np.argmax(x[0]))
   settings = dict(repeat_penalty=3.0, frequency_penalty=1.0, top_k=0, top_p=1.0, min_p=0.0, temperature=1.0)
   seed = jax.jit(sampler.load_prompt)
-  clean = seed(sampler.init(seed=[5, 6], **settings), jnp.array([[best, -1, -1, -1], [best, best, -1, -1]]))
-  hostile = seed(sampler.init(seed=[5, 6], **settings), jnp.array([[best, -5, V, V + 99], [-7, best, best, 2**30]]))
-  accepted = jax.jit(sampler.accept)(hostile, jnp.array([-3, V + 1]))
-  clean = jax.jit(sampler.accept)(clean, jnp.array([-1, -1]))  # an empty slot, as for an empty row
+  clean = seed(jnp.array([[best, -1, -1, -1], [best, best, -1, -1]]), sampler.init(seed=[5, 6], **settings))
+  hostile = seed(jnp.array([[best, -5, V, V + 99], [-7, best, best, 2**30]]), sampler.init(seed=[5, 6], **settings))
+  accepted = jax.jit(sampler.accept)(jnp.array([-3, V + 1]), hostile)
+  clean = jax.jit(sampler.accept)(jnp.array([-1, -1]), clean)  # an empty slot, as for an empty row
   probs, _ = run(x, accepted)
   expected, _ = run(x, clean)
   np.testing.assert_allclose(probs, expected, atol=1e-7)
