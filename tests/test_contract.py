@@ -121,10 +121,15 @@ def test_raising_penalties_are_decided_on_candidates():
   x = jnp.asarray(rng.normal(0, 2, (4, 2000)), jnp.float32)
   sampler = jsample.llama_cpp(top_k=40, repeat_penalty=0.5, presence_penalty=-3.0, budget=64, window_size=8)
   state = sampler.init(seed=np.arange(4), prompt=rng.integers(0, 2000, (4, 8)))
-  assert bool(jnp.all(jsample.testing.decided_on_candidates(sampler, x, state)))
-  np.testing.assert_array_equal(
-    jax.jit(sampler.pick)(x, state)[0], jax.jit(lambda x, s: jsample.testing.full_path_tokens(sampler, x, s))(x, state)
-  )
+  decided, tokens, full_tokens = jax.jit(  # one program, not the decision run op by op
+    lambda x, s: (
+      jsample.testing.decided_on_candidates(sampler, x, s),
+      sampler.pick(x, s)[0],
+      jsample.testing.full_path_tokens(sampler, x, s),
+    )
+  )(x, state)
+  assert bool(jnp.all(decided))
+  np.testing.assert_array_equal(tokens, full_tokens)
 
 
 # The weights are state values: one sampler and one program (both paths, the cut's decision, the tokens) serve
