@@ -307,7 +307,8 @@ def assert_stage_conforms(
   step = jax.jit(counted)
   jitted, after = step(jnp.asarray(xs), state)
   _equal(np.asarray(jitted), tokens, f"{stage.name}: budgets 16 and 4")
-  mapped, _ = jax.jit(jax.vmap(sampler.pick))(jnp.asarray(xs), state)
+  vmapped = jax.jit(jax.vmap(sampler.pick))  # also draws the chi-square test's samples below, at these shapes
+  mapped, _ = vmapped(jnp.asarray(xs), state)
   _equal(np.asarray(mapped), np.asarray(jitted), f"{stage.name}: vmap over rows and the batched call")
   single = jax.jit(sampler.pick)
   looped = [int(single(jnp.asarray(xs[i]), jax.tree.map(lambda a, i=i: a[i], state))[0]) for i in range(rows)]
@@ -324,7 +325,9 @@ def assert_stage_conforms(
 
     return jax.lax.scan(body, state, jnp.array([True, True, False, True]))[0]
 
-  scanned = jax.jit(steps)(jnp.asarray(xs), state)
+  # Tracing decides the state's shapes and dtypes (and scan and cond refuse a carry or branches that change
+  # them), so the program is traced, not compiled: a compile would check nothing more.
+  scanned = jax.eval_shape(steps, jnp.asarray(xs), state)
   if jax.tree.map(lambda a: (a.shape, a.dtype), scanned) != shapes:
     raise AssertionError(f"{stage.name}: the state changed shapes or dtypes through scan and cond")
   for values in settings:
@@ -367,11 +370,14 @@ def assert_stage_conforms(
   # -- seeded draws follow the distribution ------------------------------------------
   if draws:
     row = int(np.argmax([np.sum(p > 1e-3) for p in expected]))  # the widest distribution
-    x = jnp.asarray(xs[row])
-    one = jax.tree.map(lambda a: a[row], state)
-    keys = jax.vmap(jax.random.key)(jnp.arange(draws, dtype=jnp.uint32) + 1000)
-    picked = jax.jit(jax.vmap(lambda k: sampler.pick(x, one._replace(key=k))[0]))(keys)
-    counts = np.bincount(np.asarray(picked), minlength=vocab)
+    # The row ``rows`` at a time through the vmapped program above (the same shapes: no new program), each copy
+    # with its own key: ``draws`` seeded draws of that row.
+    x = jnp.broadcast_to(jnp.asarray(xs[row]), xs.shape)
+    copies = jax.tree.map(lambda a: jnp.broadcast_to(a[row], a.shape), state)
+    batches = -(-draws // rows)
+    keys = jax.vmap(jax.random.key)(jnp.arange(batches * rows, dtype=jnp.uint32) + 1000).reshape(batches, rows)
+    picked = np.concatenate([np.asarray(vmapped(x, copies._replace(key=keys[i]))[0]) for i in range(batches)])
+    counts = np.bincount(picked[:draws], minlength=vocab)
     p = chi_square_p(counts, expected[row])
     if p < 1e-4:
       raise AssertionError(f"{stage.name}: draws do not follow the distribution (chi-square p = {p:.2e})")

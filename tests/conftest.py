@@ -63,14 +63,31 @@ def every_strategy(request, monkeypatch):
   return request.param
 
 
+# The memory a worker may hold before it drops every compiled program (bytes of its resident set;
+# ``$JSAMPLE_TEST_MEMORY``, in GiB, overrides it). Below it, programs JAX compiled for one file (the library's
+# own jitted helpers, each eager operation at each shape) serve the next files too.
+MEMORY_LIMIT = float(os.environ.get("JSAMPLE_TEST_MEMORY", "3")) * 2**30
+
+
+def resident_bytes() -> int:
+  """This process's resident set, from /proc (0 where there is none: then every file clears)."""
+  try:
+    with open("/proc/self/statm") as f:
+      return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+  except (OSError, ValueError, IndexError):
+    return 0
+
+
 @pytest.fixture(autouse=True, scope="module")
 def release_compiled_programs(request):
-  """Frees each test file's compiled programs when it ends: JAX keeps every program it compiled (and the test
-  files' own ``functools.cache``d ones) for the life of the process, and over the whole suite they filled the
-  machine's memory."""
+  """Frees each test file's own compiled programs (its ``functools.cache``d ones) when it ends, and every program
+  JAX keeps once the worker's memory passes ``MEMORY_LIMIT``: JAX keeps every program it compiled for the life of
+  the process, and over the whole suite they filled the machine's memory when nothing was freed."""
   yield
   for value in vars(request.module).values():
     if callable(getattr(value, "cache_clear", None)):
       value.cache_clear()
-  jax.clear_caches()
   gc.collect()
+  if not 0 < resident_bytes() < MEMORY_LIMIT:
+    jax.clear_caches()
+    gc.collect()

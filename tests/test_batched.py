@@ -3,7 +3,8 @@
 Every block is checked against the function it stands in for, on rows of every
 kind in ``tests/rows.py``, at widths 1, 7, 1000 and 4099 (4099 > 128 groups of
 32, so ``noise.race_row`` takes its group-bound path there) and batches of 0, 1
-and 5 rows; and its program is checked for branches and loops.
+and 5 rows (the default run: 4099 x 5 and 7 x 0; the rest in the exhaustive tier);
+and its program is checked for branches and loops.
 """
 
 import functools
@@ -21,6 +22,15 @@ from tests import helpers as rows
 
 VOCABS = (1, 7, 1000, 4099)
 BATCHES = (0, 1, 5)
+# The default run checks each block at one width and batch, 4099 x 5 (past 128 groups of 32, so the race takes
+# its group-bound path, and not a multiple of 32, so the padded words are exercised), and the empty batch at
+# width 7; every other width and batch is in the exhaustive tier. Each pair compiles every block anew.
+DEFAULT_GRID = ((4099, 5), (7, 0))
+GRID = [
+  pytest.param(vocab, batch, marks=() if (vocab, batch) in DEFAULT_GRID else pytest.mark.exhaustive)
+  for vocab in VOCABS
+  for batch in BATCHES
+]
 FMAX = np.finfo(np.float32).max
 
 per_row_prefix = jax.jit(jax.vmap(search.shortest_prefix))
@@ -66,8 +76,7 @@ def bits_for(vocab: int) -> int:
 # -- shortest_prefix ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("batch", BATCHES)
-@pytest.mark.parametrize("vocab", VOCABS)
+@pytest.mark.parametrize("vocab, batch", GRID)
 def test_shortest_prefix_by_mass_matches_the_per_row_search(vocab, batch):
   rng = np.random.default_rng(vocab * 10 + batch)
   bits = bits_for(vocab)
@@ -94,8 +103,7 @@ def test_shortest_prefix_by_mass_matches_the_per_row_search(vocab, batch):
       np.testing.assert_array_equal(batched_prefix(logits, weight, target, bits=bits), want, err_msg=kind)
 
 
-@pytest.mark.parametrize("batch", BATCHES)
-@pytest.mark.parametrize("vocab", VOCABS)
+@pytest.mark.parametrize("vocab, batch", GRID)
 def test_shortest_prefix_by_count_matches_the_per_row_search(vocab, batch):
   rng = np.random.default_rng(vocab * 10 + batch + 1)
   bits = bits_for(vocab)
@@ -131,8 +139,7 @@ def test_shortest_prefix_breaks_ties_by_id():
 # -- race -----------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("batch", BATCHES)
-@pytest.mark.parametrize("vocab", VOCABS)
+@pytest.mark.parametrize("vocab, batch", GRID)
 def test_race_matches_the_per_row_race(vocab, batch):
   rng = np.random.default_rng(vocab * 10 + batch + 2)
   for kind in rows.KINDS:
@@ -178,8 +185,7 @@ def as_dtype(x: np.ndarray, dtype) -> jax.Array:
     return jnp.asarray(x.astype(dtype))
 
 
-@pytest.mark.parametrize("batch", BATCHES)
-@pytest.mark.parametrize("vocab", VOCABS)
+@pytest.mark.parametrize("vocab, batch", GRID)
 def test_greedy_matches_the_greedy_chain(vocab, batch):
   rng = np.random.default_rng(vocab * 10 + batch + 3)
   sampler = jsample.chain(jsample.temperature(0.0))
@@ -222,8 +228,7 @@ def test_greedy_reads_the_cleaned_row():
 # -- log_normalisers ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("batch", BATCHES)
-@pytest.mark.parametrize("vocab", VOCABS)
+@pytest.mark.parametrize("vocab, batch", GRID)
 def test_log_normalisers_match_the_per_row_ones(vocab, batch):
   rng = np.random.default_rng(vocab * 10 + batch + 4)
   for kind in rows.KINDS:

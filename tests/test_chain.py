@@ -11,12 +11,29 @@ from tests.helpers import WINDOW, batch, check_against_reference, full_path_prob
 pytestmark = pytest.mark.usefixtures("every_strategy")  # conftest.py: each test under both strategies
 
 
-@pytest.mark.parametrize("recipe, stages_of", [(jsample.llama_cpp, llama_stages), (jsample.hf, hf_stages)])
+LLAMA, HF = (jsample.llama_cpp, llama_stages), (jsample.hf, hf_stages)
+# Each case compiles its recipe twice (the probabilities, and the full path alone) at its own shapes. The default
+# run takes each width once, the two orders in turn: below the budget (8, 33: the candidates are the whole row)
+# and above it (1000, not a multiple of 32; 4096), each order on both sides. The other pairs are in the exhaustive
+# tier: the widths exercise the same machinery under either order.
+CASES = [
+  (LLAMA, 8, 600),
+  (HF, 33, 600),
+  (LLAMA, 1000, 480),
+  (HF, 4096, 240),
+  *(
+    pytest.param(r, v, n, marks=pytest.mark.exhaustive)
+    for r, v, n in [(HF, 8, 600), (LLAMA, 33, 600), (HF, 1000, 480), (LLAMA, 4096, 240)]
+  ),
+  *(pytest.param(r, 100, 600, marks=pytest.mark.exhaustive) for r in (LLAMA, HF)),
+]
+
+
 @pytest.mark.parametrize(
-  "vocab, size",
-  [(8, 600), (33, 600), pytest.param(100, 600, marks=pytest.mark.exhaustive), (1000, 480), (4096, 240)],
+  "recipe, vocab, size", CASES, ids=lambda v: getattr(v[0], "__name__", None) if isinstance(v, tuple) else None
 )
-def test_matches_reference(recipe, stages_of, vocab, size):
+def test_matches_reference(recipe, vocab, size):
+  recipe, stages_of = recipe
   xs, all_settings, per_row, prompts = batch(vocab, vocab, size)
   sampler = recipe(window_size=WINDOW, budget=64)
   state = sampler.init(seed=np.arange(size), prompt=prompts, **per_row)

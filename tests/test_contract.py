@@ -1,6 +1,8 @@
 """The stage contract's wider parts: per-stage state, per-call inputs, vector settings,
 the row's own coin, token ids checked against the vocabulary, touched ids before the cut."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -119,9 +121,33 @@ def test_raising_penalties_are_decided_on_candidates():
   x = jnp.asarray(rng.normal(0, 2, (4, 2000)), jnp.float32)
   sampler = jsample.llama_cpp(top_k=40, repeat_penalty=0.5, presence_penalty=-3.0, budget=64, window_size=8)
   state = sampler.init(seed=np.arange(4), prompt=rng.integers(0, 2000, (4, 8)))
-  assert bool(jnp.all(jsample.testing.decided_on_candidates(sampler, x, state)))
-  np.testing.assert_array_equal(
-    jax.jit(sampler.pick)(x, state)[0], jax.jit(lambda x, s: jsample.testing.full_path_tokens(sampler, x, s))(x, state)
+  decided, tokens, full_tokens = jax.jit(  # one program, not the decision run op by op
+    lambda x, s: (
+      jsample.testing.decided_on_candidates(sampler, x, s),
+      sampler.pick(x, s)[0],
+      jsample.testing.full_path_tokens(sampler, x, s),
+    )
+  )(x, state)
+  assert bool(jnp.all(decided))
+  np.testing.assert_array_equal(tokens, full_tokens)
+
+
+# The weights are state values: one sampler and one program (both paths, the cut's decision, the tokens) serve
+# every case below.
+WIDE_WINDOW = jsample.llama_cpp(top_k=6, top_p=0.97, min_p=0.01, window_size=33, budget=8)
+
+
+@functools.cache
+def wide_window_program():
+  s = WIDE_WINDOW
+  return jax.jit(
+    lambda x, state: (
+      jsample.testing.decided_on_candidates(s, x, state),
+      s.probs(x, state),
+      jsample.testing.full_path_probs(s, x, state),
+      s.pick(x, state)[0],
+      jsample.testing.full_path_tokens(s, x, state),
+    )
   )
 
 
@@ -135,9 +161,8 @@ def test_a_window_longer_than_the_budget_keeps_the_cut_exact(weights):
   x[:, :40] = np.round(x[:, :40])  # ties among the window's tokens
   # Mostly tokens ranked 10-200, so at most m of them sit among the raw best and the cut decides.
   prompts = [list(rng.choice(np.argsort(-row)[10:200], 32)) + [int(np.argmax(row))] for row in x]
-  sampler = jsample.llama_cpp(top_k=6, top_p=0.97, min_p=0.01, window_size=33, budget=8, **weights)
-  state = sampler.init(seed=np.arange(8), prompt=prompts)
-  x = jnp.asarray(x)
-  assert bool(jnp.all(jsample.testing.decided_on_candidates(sampler, x, state)))
-  np.testing.assert_allclose(sampler.probs(x, state), jsample.testing.full_path_probs(sampler, x, state), atol=1e-6)
-  np.testing.assert_array_equal(jax.jit(sampler.pick)(x, state)[0], jsample.testing.full_path_tokens(sampler, x, state))
+  state = WIDE_WINDOW.init(seed=np.arange(8), prompt=prompts, **weights)
+  decided, probs, full_probs, tokens, full_tokens = wide_window_program()(jnp.asarray(x), state)
+  assert bool(jnp.all(decided))
+  np.testing.assert_allclose(probs, full_probs, atol=1e-6)
+  np.testing.assert_array_equal(tokens, full_tokens)

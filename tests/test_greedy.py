@@ -30,12 +30,19 @@ def test_greedy_batches_give_the_full_paths_tokens(strategy, dtype):
   # Penalties that touch nothing (weights neutral) and truncations that keep the best.
   sampler = jsample.llama_cpp(strategy=strategy)
   state = sampler.init(seed=np.arange(batch), prompt=rng.integers(0, vocab, (batch, 6)), temperature=0.0)
+  # The shortcut and the full path in one program per mask form (the full path run op by op compiled hundreds).
+  step = jax.jit(
+    lambda x, state, mask: (
+      sampler.pick_with_info(x, state, mask)[0],
+      jsample.testing.full_path_probs(sampler, x, state, mask),
+      jsample.testing.full_path_tokens(sampler, x, state, mask),
+    )
+  )
   for mask in (None, allowed, jsample.pack_mask(allowed)):
-    drawn, _ = jax.jit(sampler.pick_with_info)(x, state, mask)
-    valid = np.asarray(jsample.testing.full_path_probs(sampler, x, state, mask)).sum(axis=1) > 0
+    drawn, full_probs, want = step(x, state, mask)
+    valid = np.asarray(full_probs).sum(axis=1) > 0
     np.testing.assert_array_equal(drawn.valid, valid)
     assert not valid[-1]
-    want = jsample.testing.full_path_tokens(sampler, x, state, mask)
     np.testing.assert_array_equal(np.asarray(drawn.token)[valid], np.asarray(want)[valid])
     np.testing.assert_array_equal(drawn.logprob, 0.0)
 
@@ -48,11 +55,12 @@ def test_a_batch_with_one_sampled_row_takes_the_chain(strategy):
   sampler = jsample.gemma(strategy=strategy)
   prompt = np.argsort(-np.asarray(x), axis=1)[:, :3]  # the best tokens, so that penalties bite
   greedy = sampler.init(seed=np.arange(4), prompt=prompt, temperature=0.0)
-  tokens, _ = jax.jit(sampler.pick)(x, greedy)
+  pick = jax.jit(sampler.pick)  # one program: the three states differ in values only
+  tokens, _ = pick(x, greedy)
   np.testing.assert_array_equal(tokens, jnp.argmax(x, axis=1))
   mixed = sampler.configure(greedy, temperature=[0.0, 0.0, 0.0, 1.0])
-  np.testing.assert_array_equal(jax.jit(sampler.pick)(x, mixed)[0][:3], tokens[:3])
+  np.testing.assert_array_equal(pick(x, mixed)[0][:3], tokens[:3])
   penalised = sampler.configure(greedy, repeat_penalty=[1.0, 1.0, 1.0, 3.0])
-  tokens, _ = jax.jit(sampler.pick)(x, penalised)
+  tokens, _ = pick(x, penalised)
   np.testing.assert_array_equal(tokens, jsample.testing.full_path_tokens(sampler, x, penalised))
   assert tokens[3] != jnp.argmax(x[3])  # its best was penalised away
