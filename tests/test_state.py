@@ -213,7 +213,7 @@ def test_load_prompt_under_jit():
   prompt = np.array([[1, 2, 3, 4, 5], [-1, -1, 6, 7, 8]], np.int32)
   state = SAMPLER.init(seed=[0, 1], prompt=[9])
   eager = SAMPLER.load_prompt(prompt, state)
-  traced = jax.jit(SAMPLER.load_prompt)(state, jnp.asarray(prompt))
+  traced = jax.jit(SAMPLER.load_prompt)(jnp.asarray(prompt), state)
   assert_same_state(eager, traced)
   np.testing.assert_array_equal(traced.window, np.stack([ring([9, 1, 2, 3, 4, 5]), ring([9, 6, 7, 8])]))
 
