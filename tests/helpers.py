@@ -4,14 +4,13 @@ rows and settings (seeded NumPy), and the chain against the float64 reference
 seeded draws, and a jaxpr's equations.
 """
 
-import jax
-import jax.extend
 import ml_dtypes
 import numpy as np
 import pytest
 from scipy import stats
 
 import jsample.testing
+from bench.program import equations
 from tests import reference
 
 # -- neutral settings: the identity of each stage -----------------------------------
@@ -233,19 +232,7 @@ def chi_square(counts: np.ndarray, expected_probs: np.ndarray) -> float:
 
 # -- jaxprs ---------------------------------------------------------------------------------
 
-
-def equations(jaxpr) -> list:
-  """Every equation of a jaxpr, those of sub-jaxprs (branches, bodies) included."""
-  eqns = []
-  for eqn in jaxpr.eqns:
-    eqns.append(eqn)
-    for value in eqn.params.values():
-      for sub in value if isinstance(value, list | tuple) else [value]:
-        if isinstance(sub, jax.extend.core.ClosedJaxpr):
-          eqns += equations(sub.jaxpr)
-        elif isinstance(sub, jax.extend.core.Jaxpr):
-          eqns += equations(sub)
-  return eqns
+# equations(jaxpr): every equation, branches and loop bodies included (bench.program counts them the same way).
 
 
 def primitives(jaxpr) -> list[str]:
