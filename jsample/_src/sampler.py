@@ -302,12 +302,15 @@ class Sampler:
     """Like :meth:`pick`, returning a :class:`Draw` (token, valid, logprob) instead of the token.
 
     Args:
-      logits, state, mask, inputs: as for :meth:`pick`.
+      logits: ``[V]`` or ``[B, V]``, as for :meth:`pick`.
+      state: the rows' state, batched like ``logits``.
+      mask: optional allowed tokens, as for :meth:`pick`.
       top_logprobs: optional; an int ``n`` (static) asks also for the token
         under the model's own distribution (``Draw.raw``: its log-probability
         and rank, the ``n`` most likely tokens), a tuple ``(n, per_row)`` for
         rows that each want ``per_row [B] <= n`` of them. It costs a few
         passes over the rows.
+      **inputs: per-call inputs of the chain's stages, as for :meth:`pick`.
 
     Examples:
       >>> import jax.numpy as jnp, jsample
