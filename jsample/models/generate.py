@@ -104,15 +104,15 @@ def _prefill(sampler, model, tokens, lengths, state, mask, size):
   return token, state, cache, logits
 
 
-def _step(sampler, model, token, position, cache, state, mask):
-  logits, cache = gemma3.decode(model, token, position, cache)
-  token, state = sampler.pick(logits, state, mask=mask)
-  return token, position + 1, cache, state
-
-
 def _forward(model, token, position, cache):
   logits, cache = gemma3.decode(model, token, position, cache)
   return logits, position + 1, cache
+
+
+def _step(sampler, model, token, position, cache, state, mask):
+  logits, position, cache = _forward(model, token, position, cache)
+  token, state = sampler.pick(logits, state, mask=mask)
+  return token, position, cache, state
 
 
 class Generator:
@@ -166,6 +166,14 @@ class Generator:
     tokens, lengths = (jnp.asarray(a) for a in text_lib.pad(ids, PROMPT_MULTIPLE))
     state = self.sampler.init(seed=np.arange(seed, seed + batch), prompt=ids, **settings)
     self.stats = stats = Stats(batch=batch, prompt_tokens=int(sum(len(r) for r in ids)))
+
+    def on_host(work, *args):
+      """``work(*args)``, its time counted as the grammar's host time."""
+      start = time.perf_counter()
+      result = work(*args)
+      stats.grammar += time.perf_counter() - start
+      return result
+
     if max_tokens <= 0:
       return
 
@@ -192,21 +200,15 @@ class Generator:
           # The forward pass needs only the last token: dispatched (asynchronously), it runs on the device while
           # the host computes the mask of the token it leads to; the pick then waits for both.
           logits, position, cache = forward(self.text.model, token, position, cache)
-          host = time.perf_counter()
-          mask = constraint.mask()
-          stats.grammar += time.perf_counter() - host
+          mask = on_host(constraint.mask)
           token, state = pick(logits, state, mask)
         else:
           if constraint is not None:  # the mask first, then the step: one after the other
-            host = time.perf_counter()
-            mask = constraint.mask()
-            stats.grammar += time.perf_counter() - host
+            mask = on_host(constraint.mask)
           token, position, cache, state = step(self.text.model, token, position, cache, state, mask)
         out = np.asarray(token)
         if constraint is not None:
-          host = time.perf_counter()
-          constraint.advance(out)
-          stats.grammar += time.perf_counter() - host
+          on_host(constraint.advance, out)
         stats.steps += 1
         done |= out == self.text.tokenizer.eos
         yield out
