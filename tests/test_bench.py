@@ -158,3 +158,20 @@ def test_compare_times_the_shared_workloads_and_checks_their_tokens():
   rows = compare.interleaved(before, after, reps=3)
   assert [(r["kind"], r["label"], r["same_tokens"]) for r in rows] == [("real", "a", True), ("flat", "a", False)]
   assert all(r["reps"] == 3 and 0 <= r["after_faster"] <= 3 and r["before_ms"] > 0 for r in rows)
+
+
+def test_backends_compare_finds_a_moved_token_and_a_logprob_gap():
+  """bench.backends' comparison passes equal draws and names what differs: a token, a flag, a logprob."""
+  from bench import backends
+
+  draws = {
+    "gemma/cpu/defaults/token": np.array([[3, 5]]),
+    "gemma/cpu/defaults/valid": np.array([[True, True]]),
+    "gemma/cpu/defaults/logprob": np.array([[-0.5, -np.inf]], np.float32),
+  }
+  assert backends.compare(draws, dict(draws))[0].startswith("equal")
+  moved = dict(draws, **{"gemma/cpu/defaults/token": np.array([[3, 6]])})
+  assert "1 of 2 tokens moved" in backends.compare(moved, draws)[0]
+  shifted = dict(draws, **{"gemma/cpu/defaults/logprob": np.array([[-0.49, -np.inf]], np.float32)})
+  assert backends.compare(shifted, draws)[0].startswith("DIFFERS")
+  assert "not in the other file" in backends.compare(draws, {})[0]
