@@ -4,6 +4,7 @@ from jsample._src.draw import Draw
 from jsample._src.explain import StageView
 from jsample._src.kernels.masks import pack as pack_mask
 from jsample._src.kernels.masks import unpack as unpack_mask
+from jsample._src.kernels.search import shortest_prefix
 from jsample._src.logprobs import Logprobs
 from jsample._src.readers.fields import Config
 from jsample._src.readers.gguf import from_gguf
@@ -67,6 +68,7 @@ __all__ = [
   "pack_mask",
   "penalties",
   "sharded",
+  "shortest_prefix",
   "temperature",
   "top_k",
   "top_n_sigma",

@@ -21,7 +21,7 @@ NEUTRAL = dict(NEUTRAL_PENALTIES, top_k=0, top_p=1.0, min_p=0.0, temperature=1.0
 
 # The strategies as test parameters. The accelerator strategy's own checks (golden tokens, every stage's
 # conformance on both strategies, its structure) are in the default run; its repeats of the reference grids on a
-# CPU, where each case is a long compile of unrolled searches, are in the exhaustive tier.
+# CPU, where each case compiles a second program that checks nothing new on a CPU, are in the exhaustive tier.
 EACH_STRATEGY = [s if s == "cpu" else pytest.param(s, marks=pytest.mark.exhaustive) for s in jsample.testing.STRATEGIES]
 
 # -- random rows ---------------------------------------------------------------------

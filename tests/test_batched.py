@@ -42,7 +42,6 @@ batched_greedy = jax.jit(batched.greedy)
 batched_normalisers = jax.jit(batched.log_normalisers)
 cut_normalisers = jax.jit(cut.log_normalisers)
 branch_free_normalisers = jax.jit(functools.partial(cut.log_normalisers, branch_free=True))
-unrolled_prefix = jax.jit(jax.vmap(functools.partial(search.shortest_prefix, unroll=True)))
 per_row_normalisers = jax.jit(jax.vmap(lambda raw, mask: logsumexp(cut.full_row(raw, mask))))
 per_row_normalisers_unmasked = jax.jit(jax.vmap(lambda raw: logsumexp(cut.full_row(raw, None))))
 masses_from = jax.jit(lambda key, bound, w: jnp.sum(jnp.where(key >= bound[:, None], w, 0.0), axis=-1))
@@ -124,7 +123,6 @@ def test_shortest_prefix_does_not_depend_on_the_bits_per_pass(bits):
   target = jnp.asarray(rng.uniform(0, 1, 6), jnp.float32)
   want = per_row_prefix(logits, weight, target)
   np.testing.assert_array_equal(batched_prefix(logits, weight, target, bits=bits), want)
-  np.testing.assert_array_equal(unrolled_prefix(logits, weight, target), want)  # the bit search unrolled
 
 
 def test_shortest_prefix_breaks_ties_by_id():

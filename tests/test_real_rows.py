@@ -41,7 +41,7 @@ def test_real_rows_match_the_reference(logits, recipe, stages_of, settings):
   check_real_rows(logits, recipe, "auto", stages_of, settings)
 
 
-# The accelerator strategy on a CPU runs every row's unrolled searches over all of V: two cases, one decided on
+# The accelerator strategy on a CPU runs every row's searches over all of V: two cases, one decided on
 # candidates (llama.cpp's defaults) and one on the full path (temperature first, top-k off).
 @pytest.mark.exhaustive
 @pytest.mark.parametrize(

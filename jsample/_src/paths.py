@@ -48,7 +48,6 @@ def context(stage: Stage, row: Rows, vocab: int, strategy: Strategy, stat=None) 
     inputs={name: row.inputs[name] for name in stage.inputs},
     state=row.stages.get(stage.name),
     stat=stat,
-    search=strategy.search,
     branch_free=strategy.branch_free,
   )
 

@@ -41,7 +41,6 @@ from jax import lax
 
 from jsample._src.kernels import noise
 from jsample._src.kernels.rowmath import logsumexp
-from jsample._src.kernels.search import shortest_prefix
 
 Settings = dict[str, jax.Array]
 """One row's setting values, by name (scalars ``[]`` or short vectors ``[N]``)."""
@@ -102,8 +101,6 @@ class Context(NamedTuple):
       row as the cut gave it, so it holds for the row the stage sees only where
       ``Candidates.log_z_known`` does; only the first stage that declares a
       statistic gets one.
-    search: ``shortest_prefix(logits, weight, target)`` of the strategy in
-      use; ``on_row`` calls it instead of importing one.
     branch_free: whether the strategy in use wants no data-dependent loops
       or conditionals (the accelerator strategy); a stage with a cheap loop
       on a CPU (DRY's repeat lengths) picks its fixed, vectorised form then.
@@ -123,7 +120,6 @@ class Context(NamedTuple):
   inputs: dict[str, jax.Array] = {}
   state: Any = None
   stat: Any = None
-  search: Callable[[jax.Array, jax.Array, jax.Array], jax.Array] = shortest_prefix
   branch_free: bool = False
 
   def ids(self, width: int) -> jax.Array:

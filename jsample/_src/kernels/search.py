@@ -5,6 +5,12 @@ The chain's truncations all keep a *prefix* of the row in its sampling order
 the prefix's last member by binary search: first over the float's order-
 preserving bit pattern (32 passes), then among exact ties over the id (about
 ``log2 V`` passes). Every pass is one fused, memory-bound reduction.
+
+The passes are loops of fixed length (``lax.fori_loop``), on every backend: XLA
+knows their trip count, so on a GPU they run without asking the host between
+passes, and written out they took the same time on an H200 (32 passes over
+``[256, 262144]``: 2.15-2.29 ms either way) while making each program several
+times larger and slower to compile.
 """
 
 import jax
@@ -19,7 +25,7 @@ def order_key(x: jax.Array) -> jax.Array:
   return jnp.where(negative, ~bits, bits | jnp.uint32(0x80000000))
 
 
-def shortest_prefix(logits: jax.Array, weight: jax.Array, target: jax.Array, *, unroll: bool = False) -> jax.Array:
+def shortest_prefix(logits: jax.Array, weight: jax.Array, target: jax.Array) -> jax.Array:
   """The shortest prefix, in sampling order, whose weight reaches ``target``.
 
   Sampling order is logit descending, ties by id ascending; ``-inf`` entries
@@ -30,11 +36,19 @@ def shortest_prefix(logits: jax.Array, weight: jax.Array, target: jax.Array, *, 
     logits: ``[V]`` float32.
     weight: ``[V]`` non-negative weights (int32 counts or float32 masses).
     target: ``[]`` the weight the prefix must reach.
-    unroll: run the fixed passes as straight-line code instead of a loop
-      (what accelerators want: a loop's predicate makes the host wait).
 
   Returns:
     ``[V]`` bool, True for members of the prefix.
+
+  Examples:
+    A stage's ``on_row`` keeps the smallest set of best tokens that holds 80% of the mass:
+
+    >>> import jax, jax.numpy as jnp, jsample
+    >>> logits = jnp.array([1.0, 3.0, 2.0, 3.0])
+    >>> jsample.shortest_prefix(logits, jax.nn.softmax(logits), jnp.float32(0.8)).tolist()
+    [False, True, True, True]
+    >>> jsample.shortest_prefix(logits, jnp.ones(4, jnp.int32), jnp.int32(1)).tolist()  # ties: the lower id
+    [False, True, False, False]
   """
   (vocab,) = logits.shape
   key = order_key(logits)
@@ -52,7 +66,7 @@ def shortest_prefix(logits: jax.Array, weight: jax.Array, target: jax.Array, *, 
 
   # The largest key whose upper set still reaches the target: the key of the
   # token that crosses it.
-  crossing = _repeat(32, refine_key, jnp.uint32(0), unroll)
+  crossing = lax.fori_loop(0, 32, refine_key, jnp.uint32(0))
   above = jnp.sum(jnp.where(key > crossing, weight, zero))
   tied = key == crossing
   ids = jnp.arange(vocab, dtype=jnp.int32)
@@ -65,14 +79,5 @@ def shortest_prefix(logits: jax.Array, weight: jax.Array, target: jax.Array, *, 
     return jnp.where((trial <= vocab) & short, trial, last)
 
   id_bits = max(1, vocab.bit_length())
-  last = _repeat(id_bits, refine_id, jnp.int32(0), unroll)
+  last = lax.fori_loop(0, id_bits, refine_id, jnp.int32(0))
   return (key > crossing) | (tied & (ids <= last))
-
-
-def _repeat(count: int, body, value, unroll: bool):
-  """``lax.fori_loop(0, count, body, value)``, or the same passes written out."""
-  if not unroll:
-    return lax.fori_loop(0, count, body, value)
-  for i in range(count):
-    value = body(jnp.int32(i), value)
-  return value

@@ -12,7 +12,7 @@ Both strategies compute the same tokens; they differ in how they skip work.
   trips, while a fused pass over ``[B, V]`` costs about one read. So it is
   batched and branch-free: one ``lax.cond`` per call, around the rare work
   (the row statistics and the full-vocabulary path), which then runs for the
-  whole batch at once; searches are unrolled.
+  whole batch at once.
 
 ``"auto"`` picks the accelerator strategy on GPU and TPU backends at trace time.
 """
@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jsample._src.kernels import noise, search
+from jsample._src.kernels import noise
 
 NAMES = ("auto", "cpu", "accelerator")
 
@@ -39,14 +39,12 @@ class Strategy(NamedTuple):
       where ``ok``; else the row of ``refine()`` (a batched ``(out, ok)``: the
       candidate path again, with the row statistics) where that is ok; else
       ``slow(*row)``, the full-vocabulary path. Pytrees batched over ``B``.
-    search: the row kernel :func:`search.shortest_prefix` to use.
     race_row: ``(logits [V], bits [2]) -> (token, valid)`` over a whole row.
   """
 
   name: str
   branch_free: bool
   decide: Callable[..., Any]
-  search: Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
   race_row: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 
 
@@ -91,16 +89,12 @@ def _all_at_once(ok: jax.Array, first, refine, slow, *rows):
   return lax.cond(jnp.all(ok), lambda: first, rare)
 
 
-def _unrolled_search(logits: jax.Array, weight: jax.Array, target: jax.Array) -> jax.Array:
-  return search.shortest_prefix(logits, weight, target, unroll=True)
-
-
 def _race_all(logits: jax.Array, bits: jax.Array) -> tuple[jax.Array, jax.Array]:
   return noise.race(logits, jnp.arange(logits.shape[0], dtype=jnp.int32), bits)
 
 
-CPU = Strategy("cpu", False, _step_by_step, search.shortest_prefix, noise.race_row)
-ACCELERATOR = Strategy("accelerator", True, _all_at_once, _unrolled_search, _race_all)
+CPU = Strategy("cpu", False, _step_by_step, noise.race_row)
+ACCELERATOR = Strategy("accelerator", True, _all_at_once, _race_all)
 
 
 def resolve(name: str) -> Strategy:

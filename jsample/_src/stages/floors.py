@@ -6,6 +6,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jsample._src.kernels.rowmath import entropy, logsumexp
+from jsample._src.kernels.search import shortest_prefix
 from jsample._src.stage import Candidates, Context, Setting, Settings, Stage
 from jsample._src.stages._min_keep import min_keep_setting
 
@@ -36,7 +37,7 @@ def row_kth(logits: jax.Array, least: jax.Array, ctx: Context) -> jax.Array:
 
   def search():
     # The shortest prefix in sampling order that holds `least` survivors ends at the k-th best.
-    keep = ctx.search(jnp.where(alive, logits, -jnp.inf), alive.astype(jnp.int32), least)
+    keep = shortest_prefix(jnp.where(alive, logits, -jnp.inf), alive.astype(jnp.int32), least)
     return jnp.min(jnp.where(keep & alive, logits, jnp.inf))
 
   return lax.cond(least > 1, search, lambda: jnp.max(logits))

@@ -15,6 +15,7 @@ from jax import lax
 
 from jsample._src.kernels import cut
 from jsample._src.kernels.rowmath import logsumexp
+from jsample._src.kernels.search import shortest_prefix
 from jsample._src.stage import Candidates, Context, Setting, Settings, Stage, survivor_rank
 
 M = 100
@@ -166,7 +167,7 @@ def mirostat(version: int = 0, tau: float = 5.0, eta: float = 0.1) -> Stage:
       best, _ = cut.top_candidates(logits[None], None, min(M, logits.shape[0]))
       count = jnp.sum(alive)
       k = jnp.minimum(_zipf_k(best[0], count, mu, ctx.vocab), count.astype(jnp.float32))
-      keep = ctx.search(logits, alive.astype(jnp.int32), k.astype(jnp.int32))
+      keep = shortest_prefix(logits, alive.astype(jnp.int32), k.astype(jnp.int32))
       return jnp.where(keep, logits, -jnp.inf)
 
     def v2():

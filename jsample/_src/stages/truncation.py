@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jsample._src.kernels.rowmath import logsumexp
+from jsample._src.kernels.search import shortest_prefix
 from jsample._src.stage import Candidates, Context, Setting, Settings, Stage, always_valid, elementwise, survivor_rank
 from jsample._src.stages._min_keep import min_keep_setting
 
@@ -61,7 +62,7 @@ def top_k(k: int = 40) -> Stage:
     k = limit(s, ctx)
 
     def cut():
-      keep = ctx.search(logits, (logits > -jnp.inf).astype(jnp.int32), k)
+      keep = shortest_prefix(logits, (logits > -jnp.inf).astype(jnp.int32), k)
       return jnp.where(keep, logits, -jnp.inf)
 
     return lax.cond(k < ctx.vocab, cut, lambda: logits)  # the search costs ~50 passes: skip it when off
@@ -80,7 +81,7 @@ def _cut_row(logits: jax.Array, on: jax.Array, least: jax.Array, keep, ctx: Cont
 
   def cut():
     alive = (logits > -jnp.inf).astype(jnp.int32)
-    best = lax.cond(least > 1, lambda: ctx.search(logits, alive, least), lambda: jnp.zeros(logits.shape, bool))
+    best = lax.cond(least > 1, lambda: shortest_prefix(logits, alive, least), lambda: jnp.zeros(logits.shape, bool))
     return jnp.where(keep() | best, logits, -jnp.inf)
 
   return lax.cond(on, cut, lambda: logits)
@@ -143,7 +144,7 @@ def top_p(p: float = 0.95, min_keep: int = 0) -> Stage:
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
     p = s["top_p"]
-    keep = lambda: ctx.search(logits, jnp.exp(logits - logsumexp(logits)), p)  # noqa: E731
+    keep = lambda: shortest_prefix(logits, jnp.exp(logits - logsumexp(logits)), p)  # noqa: E731
     return _cut_row(logits, p < 1, s["min_keep"], keep, ctx)
 
   return Stage("top_p", (setting, min_keep_setting(min_keep)), on_candidates, on_row, keeps_best=_always)

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jsample._src.kernels.rowmath import entropy, logsumexp
+from jsample._src.kernels.search import shortest_prefix
 from jsample._src.stage import Candidates, Context, Setting, Settings, Stage
 from jsample._src.stages._min_keep import min_keep_setting
 
@@ -106,9 +107,9 @@ def typical(p: float = 1.0, min_keep: int = 0) -> Stage:
       # The search keeps a prefix in descending key order, ties to the lower id: -score ranks the most typical first.
       key = jnp.where(alive, -jnp.abs(logits - centre), -jnp.inf)
       # Mass strictly above p: a float sum exceeds p exactly when it reaches the next float.
-      keep = ctx.search(key, jnp.exp(logits - log_z), jnp.nextafter(p, jnp.float32(2)))
+      keep = shortest_prefix(key, jnp.exp(logits - log_z), jnp.nextafter(p, jnp.float32(2)))
       count = alive.astype(jnp.int32)
-      keep |= lax.cond(least > 1, lambda: ctx.search(key, count, least), lambda: jnp.zeros_like(alive))
+      keep |= lax.cond(least > 1, lambda: shortest_prefix(key, count, least), lambda: jnp.zeros_like(alive))
       return jnp.where(keep & alive, logits, -jnp.inf)
 
     return lax.cond(p < 1, cut, lambda: logits)
