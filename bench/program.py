@@ -6,7 +6,8 @@ For each recipe and strategy, at ``B = 8``, ``V = 262144``, float32 logits and t
 - HLO instructions of the optimised program XLA compiles;
 - trace + compile seconds, the best of ``--repeats`` with JAX's caches cleared before each;
 - XLA's bytes accessed over the logits' bytes: its static count, which adds up every branch of every
-  conditional, so it bounds the rare path rather than measuring the common one;
+  conditional and counts a loop's body once (the searches' 32 passes as one), so it is a static size of the
+  program rather than the bytes a call reads;
 - ``cond`` s in the program, the conditionals that cost a host round trip each on a GPU.
 
 Then the jaxpr equations by the jsample module that wrote them (the innermost jsample frame of each
