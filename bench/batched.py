@@ -231,7 +231,7 @@ def greedy(raw: jax.Array, mask: jax.Array | None = None) -> tuple[jax.Array, ja
 def log_normalisers(raw: jax.Array, mask: jax.Array | None, top: jax.Array | None = None) -> jax.Array:
   """``log Σ exp`` of each cleaned row, as ``cut.log_normalisers``, in one pass with the cleaning fused.
 
-  Bit for bit what ``jax.vmap`` of the per-row ``logsumexp(cut.full_row(...))``
+  Bit for bit what ``jax.vmap`` of the per-row ``logsumexp(cut.clean_row(...))``
   gives, as ``cut.log_normalisers(..., branch_free=True)`` does. Without
   ``branch_free`` it takes that per-row way under ``lax.map`` when a row is dirty
   or masked, where XLA:CPU may round the sum differently: there the two agree

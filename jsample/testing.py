@@ -48,10 +48,10 @@ def full_path_probs(sampler: Sampler, logits, state, mask=None, **inputs) -> jax
     >>> [round(float(p), 3) for p in probs[0]]
     [0.0, 0.625, 0.375]
   """
-  (raw, mask), rows, single, plan = run.prepare(sampler, logits, state, dict(inputs, mask=mask))
+  (raw, mask), rows, single, strategy = run.prepare(sampler, logits, state, dict(inputs, mask=mask))
 
   def one(raw, mask, row):
-    return draw.softmax(paths.full_row(sampler.stages, raw, mask, row, plan))
+    return draw.softmax(paths.full_path(sampler.stages, raw, mask, row, strategy))
 
   out = jax.vmap(one)(raw, mask, rows)
   return out[0] if single else out
@@ -67,11 +67,11 @@ def full_path_tokens(sampler: Sampler, logits, state, mask=None, **inputs) -> ja
     >>> bool(full_path_tokens(sampler, logits, state)[0] == sampler.pick(logits, state)[0][0])
     True
   """
-  (raw, mask), rows, single, plan = run.prepare(sampler, logits, state, dict(inputs, mask=mask))
+  (raw, mask), rows, single, strategy = run.prepare(sampler, logits, state, dict(inputs, mask=mask))
 
   def one(raw, mask, row):
-    final = paths.full_row(sampler.stages, raw, mask, row, plan)
-    return draw.on_row(final, row.bits, plan.race_row, logprob=False).token
+    final = paths.full_path(sampler.stages, raw, mask, row, strategy)
+    return draw.on_row(final, row.bits, strategy.race_row, logprob=False).token
 
   out = jax.vmap(one)(raw, mask, rows)
   return out[0] if single else out
@@ -90,8 +90,8 @@ def candidate_path(sampler: Sampler, logits, state, mask=None, *, statistics: bo
     >>> drawn.token.tolist(), decided.tolist()
     ([1], [True])
   """
-  (raw, mask), rows, single, plan = run.prepare(sampler, logits, state, dict(inputs, mask=mask))
-  (cands, ok), refine = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, plan)
+  (raw, mask), rows, single, strategy = run.prepare(sampler, logits, state, dict(inputs, mask=mask))
+  (cands, ok), refine = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, strategy)
   if statistics:
     refined, better = refine()
     cands = select(ok, cands, refined)
@@ -110,8 +110,8 @@ def decided_on_candidates(sampler: Sampler, logits, state, mask=None, **inputs) 
     >>> decided_on_candidates(sampler, jnp.stack([flat, peaked]), sampler.init(seed=[0, 1])).tolist()
     [False, True]
   """
-  (raw, mask), rows, single, plan = run.prepare(sampler, logits, state, dict(inputs, mask=mask))
-  (_, ok), refine = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, plan)
+  (raw, mask), rows, single, strategy = run.prepare(sampler, logits, state, dict(inputs, mask=mask))
+  (_, ok), refine = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, strategy)
   ok = ok | refine()[1]
   return ok[0] if single else ok
 

@@ -42,8 +42,8 @@ batched_greedy = jax.jit(batched.greedy)
 batched_normalisers = jax.jit(batched.log_normalisers)
 cut_normalisers = jax.jit(cut.log_normalisers)
 branch_free_normalisers = jax.jit(functools.partial(cut.log_normalisers, branch_free=True))
-per_row_normalisers = jax.jit(jax.vmap(lambda raw, mask: logsumexp(cut.full_row(raw, mask))))
-per_row_normalisers_unmasked = jax.jit(jax.vmap(lambda raw: logsumexp(cut.full_row(raw, None))))
+per_row_normalisers = jax.jit(jax.vmap(lambda raw, mask: logsumexp(cut.clean_row(raw, mask))))
+per_row_normalisers_unmasked = jax.jit(jax.vmap(lambda raw: logsumexp(cut.clean_row(raw, None))))
 masses_from = jax.jit(lambda key, bound, w: jnp.sum(jnp.where(key >= bound[:, None], w, 0.0), axis=-1))
 
 

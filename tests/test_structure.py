@@ -19,7 +19,7 @@ import pytest
 
 import jsample
 import jsample.testing
-from tests.helpers import EACH_STRATEGY, equations, primitives
+from tests.helpers import EACH_STRATEGY, assert_one_cond_each_way, equations, primitives
 
 B, V = 64, 262144
 
@@ -38,18 +38,11 @@ def test_the_accelerator_program_has_no_host_loops_and_one_cond_on_each_way(name
   logits = jax.ShapeDtypeStruct((B, V), jnp.float32)
   state = sampler.init(seed=np.arange(B), prompt=np.zeros((B, 8), np.int32), **settings)
   jaxpr = jax.make_jaxpr(sampler.pick)(logits, state).jaxpr
-  every = primitives(jaxpr)
-  assert "while" not in every
-  (shortcut,) = [eqn for eqn in jaxpr.eqns if eqn.primitive.name == "cond"]
-  chain, greedy = (primitives(branch.jaxpr) for branch in shortcut.params["branches"])
-  assert chain.count("cond") == 1 and "cond" not in greedy and "top_k" in greedy and "scan" not in greedy
-  # The fixed-length loops (the searches) run only inside the rare path's cond, never on the candidate path.
-  (rare,) = [eqn for eqn in equations(shortcut.params["branches"][0].jaxpr) if eqn.primitive.name == "cond"]
-  outside = [eqn.primitive.name for eqn in equations(shortcut.params["branches"][0].jaxpr)]
-  assert outside.count("scan") == sum(primitives(branch.jaxpr).count("scan") for branch in rare.params["branches"])
+  greedy = assert_one_cond_each_way(jaxpr)
+  assert "top_k" in primitives(greedy)
   # The greedy branch reads each row once for its best token: sorts, sums and
   # exponentials (a normaliser, a search) see at most a chunk of each row.
-  for eqn in equations(shortcut.params["branches"][1].jaxpr):
+  for eqn in equations(greedy):
     if eqn.primitive.name == "top_k":
       assert eqn.params["k"] == 1
     if eqn.primitive.name in {"sort", "cumsum", "exp", "log", "reduce_sum"}:

@@ -42,15 +42,15 @@ class StageView:
 
 def views(sampler, logits, state: SamplerState, inputs: dict, top: int) -> list[StageView]:
   """A :class:`StageView` of the input row and one after each stage, on the full path."""
-  (raw, mask), rows, single, plan = run.prepare(sampler, logits, state, inputs)
+  (raw, mask), rows, single, strategy = run.prepare(sampler, logits, state, inputs)
   vocab = raw.shape[-1]
   n = min(top, vocab)
 
   def one(raw, mask, row):
-    x = paths.full_row((), raw, mask, row, plan)
+    x = paths.full_path((), raw, mask, row, strategy)
     seen = [_view(x, n)]
     for stage in sampler.stages:
-      x = stage.on_row(x, row.settings, paths.context(stage, row, vocab, plan))
+      x = stage.on_row(x, row.settings, paths.context(stage, row, vocab, strategy))
       seen.append(_view(x, n))
     return seen
 

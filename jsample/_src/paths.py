@@ -18,8 +18,8 @@ from jsample._src.kernels.strategy import Strategy, select
 from jsample._src.stage import Candidates, Context, Stage
 
 
-class Rows(NamedTuple):
-  """What the rows carry into the chain besides their logits and mask; batched over ``B``.
+class RowInputs(NamedTuple):
+  """What the rows carry into the chain besides their logits and mask: batched over ``B``, or one row's.
 
   Attributes:
     settings: name -> ``[B]`` (or ``[B, N]``) values.
@@ -38,7 +38,7 @@ class Rows(NamedTuple):
   stages: dict[str, Any]
 
 
-def context(stage: Stage, row: Rows, vocab: int, strategy: Strategy, stat=None) -> Context:
+def context(stage: Stage, row: RowInputs, vocab: int, strategy: Strategy, stat=None) -> Context:
   """The :class:`Context` one stage sees for one (unbatched) row."""
   return Context(
     window=row.window,
@@ -58,7 +58,7 @@ def stat_stage(stages: tuple[Stage, ...]) -> int | None:
   return next((i for i, stage in enumerate(stages) if stage.row_stat is not None), None)
 
 
-def candidates(stages: tuple[Stage, ...], budget: int, raw: jax.Array, mask, rows: Rows, strategy: Strategy):
+def candidates(stages: tuple[Stage, ...], budget: int, raw: jax.Array, mask, rows: RowInputs, strategy: Strategy):
   """The chain on candidates ``[B, K]``: ``(first, refine)``.
 
   ``first`` runs without the row statistics, which cost passes over ``V``;
@@ -88,13 +88,13 @@ def cut_width(budget: int, touched: jax.Array, vocab: int) -> int:
   return min(vocab, budget + min(touched.shape[1], budget))
 
 
-def touched_ids(stages: tuple[Stage, ...], rows: Rows, vocab: int, strategy: Strategy) -> jax.Array:
+def touched_ids(stages: tuple[Stage, ...], rows: RowInputs, vocab: int, strategy: Strategy) -> jax.Array:
   """``[B, E]`` the ids the stages before the cut may change (``-1``: none)."""
   return _touched(tuple(stage for stage in stages if stage.touches is not None), rows, vocab, strategy)
 
 
 def from_best(
-  stages, budget: int, vocab: int, rows: Rows, strategy: Strategy, best, source, log_normalisers, statistic
+  stages, budget: int, vocab: int, rows: RowInputs, strategy: Strategy, best, source, log_normalisers, statistic
 ):
   """:func:`candidates` from the cut's raw best, wherever they came from (one device, or merged shards).
 
@@ -153,7 +153,7 @@ def _read_row(raw: jax.Array, mask, ids: jax.Array) -> jax.Array:
   return cut.at(raw, ids, mask)
 
 
-def greedy(stages: tuple[Stage, ...], rows: Rows, vocab: int, strategy: Strategy) -> jax.Array | None:
+def greedy(stages: tuple[Stage, ...], rows: RowInputs, vocab: int, strategy: Strategy) -> jax.Array | None:
   """``[B]`` the rows whose token is the best of the cleaned row, or None where no stage can say so.
 
   That is a row where one stage keeps only its best token (temperature 0),
@@ -181,7 +181,7 @@ def best(raw: jax.Array, mask, strategy: Strategy) -> Candidates:
   return Candidates(ids, logits, unknown, unknown > 0, unknown == 0, unknown == 0)
 
 
-def row_statistic(stages, raw, mask, rows: Rows, strategy: Strategy) -> jax.Array:
+def row_statistic(stages, raw, mask, rows: RowInputs, strategy: Strategy) -> jax.Array:
   """The row statistic ``[B]`` of the first stage that declares one, over the cleaned rows."""
   index = stat_stage(stages)
   assert index is not None
@@ -189,7 +189,7 @@ def row_statistic(stages, raw, mask, rows: Rows, strategy: Strategy) -> jax.Arra
   vocab = raw.shape[-1]
 
   def one(r, m, row):
-    x = cut.full_row(r, m, branch_free=strategy.branch_free)
+    x = cut.clean_row(r, m, branch_free=strategy.branch_free)
     return jnp.asarray(stage.row_stat(x, row.settings, context(stage, row, vocab, strategy)), jnp.float32)
 
   if strategy.branch_free or not raw.shape[0]:
@@ -199,7 +199,7 @@ def row_statistic(stages, raw, mask, rows: Rows, strategy: Strategy) -> jax.Arra
   return jax.lax.map(lambda i: one(*jax.tree.map(lambda a: a[i], (raw, mask, rows))), jnp.arange(raw.shape[0]))
 
 
-def _touched(touchers, rows: Rows, vocab: int, strategy: Strategy) -> jax.Array:
+def _touched(touchers, rows: RowInputs, vocab: int, strategy: Strategy) -> jax.Array:
   """``[B, E]`` the ids the stages before the cut may change (``-1``: none)."""
   if not touchers:
     return jnp.zeros(rows.position.shape + (0,), jnp.int32)
@@ -211,7 +211,7 @@ def _touched(touchers, rows: Rows, vocab: int, strategy: Strategy) -> jax.Array:
   return jax.vmap(one)(rows)
 
 
-def _lowers(touchers, rows: Rows, vocab: int, strategy: Strategy) -> jax.Array:
+def _lowers(touchers, rows: RowInputs, vocab: int, strategy: Strategy) -> jax.Array:
   """``[B]`` whether every stage before the cut only lowers the logits it touches, row by row."""
 
   def one(row):
@@ -221,7 +221,7 @@ def _lowers(touchers, rows: Rows, vocab: int, strategy: Strategy) -> jax.Array:
   return jax.vmap(one)(rows)
 
 
-def _skipped(stages: tuple[Stage, ...], rows: Rows, strategy: Strategy) -> list[jax.Array | None]:
+def _skipped(stages: tuple[Stage, ...], rows: RowInputs, strategy: Strategy) -> list[jax.Array | None]:
   """Per stage, whether every row has it off (:attr:`Stage.off`), a scalar the CPU strategy branches on; None
   where it never skips the stage (no ``off``, or the accelerator strategy, which does not branch)."""
   if strategy.branch_free:
@@ -266,7 +266,7 @@ def _cut_row(
   logits,
   ids,
   touched,
-  row: Rows,
+  row: RowInputs,
   log_z,
   known,
 ):
@@ -322,7 +322,7 @@ def _ahead(logit, token, last, last_id) -> jax.Array:
   return (logit > last) | ((logit == last) & (token <= last_id))
 
 
-def _chain_row(stages, vocab: int, strategy: Strategy, skip, c: Candidates, row: Rows, stat) -> Candidates:
+def _chain_row(stages, vocab: int, strategy: Strategy, skip, c: Candidates, row: RowInputs, stat) -> Candidates:
   """The ``O(K)`` rest of the candidate path, for one row; ``skip`` (unbatched) leaves out the stages every row
   has off."""
   index = stat_stage(stages)
@@ -334,12 +334,12 @@ def _chain_row(stages, vocab: int, strategy: Strategy, skip, c: Candidates, row:
   return c
 
 
-def full_row(stages: tuple[Stage, ...], raw: jax.Array, mask, row: Rows, strategy: Strategy) -> jax.Array:
+def full_path(stages: tuple[Stage, ...], raw: jax.Array, mask, row: RowInputs, strategy: Strategy) -> jax.Array:
   """The full-vocabulary path for one row: every stage on ``[V]``, no sort."""
-  return on_row(stages, cut.full_row(raw, mask, branch_free=strategy.branch_free), row, strategy)
+  return on_row(stages, cut.clean_row(raw, mask, branch_free=strategy.branch_free), row, strategy)
 
 
-def on_row(stages: tuple[Stage, ...], cleaned: jax.Array, row: Rows, strategy: Strategy) -> jax.Array:
+def on_row(stages: tuple[Stage, ...], cleaned: jax.Array, row: RowInputs, strategy: Strategy) -> jax.Array:
   """Every stage's ``on_row`` on one cleaned row ``[V]``, in order."""
   x = cleaned
   for stage in stages:

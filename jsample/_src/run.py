@@ -51,7 +51,7 @@ def draws(
 ) -> tuple[Draw, SamplerState]:
   """The draw of every row, and the state after it; with ``top_logprobs``, also :class:`Logprobs`
   (``inputs["top_logprobs"]``, if given, is each row's own number of alternatives)."""
-  (raw, mask), rows, single, plan = prepare(sampler, logits, state, inputs)
+  (raw, mask), rows, single, strategy = prepare(sampler, logits, state, inputs)
   # pick drops the log-probability, and on a full row it costs an exp per token.
   needs_logprob = logprob or any(stage.update is not None for stage in sampler.stages)
 
@@ -59,13 +59,15 @@ def draws(
     return jax.vmap(draw.on_candidates)(cands.logits, cands.ids, rows.bits)
 
   def slow(raw, mask, row):
-    final = paths.full_row(sampler.stages, raw, mask, row, plan)
-    return draw.on_row(final, row.bits, plan.race_row, logprob=needs_logprob)
+    final = paths.full_path(sampler.stages, raw, mask, row, strategy)
+    return draw.on_row(final, row.bits, strategy.race_row, logprob=needs_logprob)
 
-  drawn = decide(sampler, raw, mask, rows, plan, fast, slow)
+  batch = raw.shape[0]
+  blank = Draw(jnp.zeros(batch, jnp.int32), jnp.zeros(batch, bool), jnp.zeros(batch, jnp.float32))
+  drawn = route(sampler, raw, mask, rows, strategy, fast, slow, blank)
   if top_logprobs is not None:
     per_row = rows.inputs.get("top_logprobs")
-    drawn = drawn._replace(raw=logprobs.of(raw, drawn.token, drawn.valid, top_logprobs, per_row, plan))
+    drawn = drawn._replace(raw=logprobs.of(raw, drawn.token, drawn.valid, top_logprobs, per_row, strategy))
   if sampler.checking:
     checked.drawn(sampler, drawn.valid)
   state = advance(sampler, _batched(state, single), drawn, rows.inputs, raw.shape[-1])
@@ -76,7 +78,7 @@ def draws(
 
 def probs(sampler, logits, state: SamplerState, inputs: dict) -> jax.Array:
   """The distribution each row's draw uses, ``[B, V]``."""
-  (raw, mask), rows, single, plan = prepare(sampler, logits, state, inputs)
+  (raw, mask), rows, single, strategy = prepare(sampler, logits, state, inputs)
   vocab = raw.shape[-1]
 
   def spread(cands):
@@ -85,29 +87,31 @@ def probs(sampler, logits, state: SamplerState, inputs: dict) -> jax.Array:
     )
 
   def slow(raw, mask, row):
-    return draw.softmax(paths.full_row(sampler.stages, raw, mask, row, plan))
+    return draw.softmax(paths.full_path(sampler.stages, raw, mask, row, strategy))
 
-  out = decide(sampler, raw, mask, rows, plan, spread, slow)
+  out = route(sampler, raw, mask, rows, strategy, spread, slow, jnp.zeros(raw.shape, jnp.float32))
   return out[0] if single else out
 
 
-def decide(sampler, raw, mask, rows: paths.Rows, plan: strategies.Strategy, fast, slow):
-  """``fast(candidates)`` for the rows the candidates decide, ``slow(row)`` for the others."""
+def route(sampler, raw, mask, rows: paths.RowInputs, strategy: strategies.Strategy, fast, slow, blank):
+  """``fast(candidates)`` for the rows the candidates decide, ``slow(row)`` for the others.
 
-  def chain():
-    (first, ok), refine = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, plan)
+  Each is written into the program once, besides the greedy shortcut's own ``fast``: the strategy chooses each
+  row's candidates (first pass or refined) and runs the full path where they cannot decide, filling ``blank``
+  (``slow``'s batched output, zeros) elsewhere; ``fast`` then runs on the chosen candidates, outside the
+  strategy's branches.
+  """
 
-    def refined():
-      cands, better = refine()
-      return fast(cands), better
+  def run_chain():
+    (first, ok), refine = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, strategy)
+    cands, decided, full = strategy.fallback(ok, first, refine, slow, blank, raw, mask, rows)
+    return strategies.select(decided, fast(cands), full)
 
-    return plan.decide(ok, fast(first), refined, slow, raw, mask, rows)
-
-  greedy = paths.greedy(sampler.stages, rows, raw.shape[-1], plan)
+  greedy = paths.greedy(sampler.stages, rows, raw.shape[-1], strategy)
   if greedy is None or not raw.shape[0]:
-    return chain()
+    return run_chain()
   # A batch of greedy rows needs the best token of each row, one pass: no cut, no search.
-  return lax.cond(jnp.all(greedy), lambda: fast(paths.best(raw, mask, plan)), chain)
+  return lax.cond(jnp.all(greedy), lambda: fast(paths.best(raw, mask, strategy)), run_chain)
 
 
 def advance(sampler, state: SamplerState, drawn: Draw, inputs: dict, vocab: int) -> SamplerState:
@@ -118,11 +122,11 @@ def advance(sampler, state: SamplerState, drawn: Draw, inputs: dict, vocab: int)
   updating = [stage for stage in sampler.stages if stage.update is not None]
   if updating:
     bits = jax.vmap(noise.step_bits)(state.key, state.position)
-    rows = paths.Rows(state.settings, state.window, state.position, bits, inputs, state.stages)
-    plan = strategies.resolve(sampler.strategy)
+    rows = paths.RowInputs(state.settings, state.window, state.position, bits, inputs, state.stages)
+    strategy = strategies.resolve(sampler.strategy)
 
     def update(stage, row, token, logprob):
-      ctx = paths.context(stage, row, vocab, plan)
+      ctx = paths.context(stage, row, vocab, strategy)
       return stage.update(ctx.state, token, logprob, row.settings, ctx)
 
     for stage in updating:
@@ -158,7 +162,7 @@ def prepare(sampler, logits, state: SamplerState, inputs: dict):
     logits, given, state = jax.tree.map(lambda a: a[None], (logits, given, state))
   mask = given.pop("mask", None)
   bits = jax.vmap(noise.step_bits)(state.key, state.position)
-  rows = paths.Rows(state.settings, state.window, state.position, bits, given, state.stages)
+  rows = paths.RowInputs(state.settings, state.window, state.position, bits, given, state.stages)
   return (logits, mask), rows, single, strategies.resolve(sampler.strategy)
 
 

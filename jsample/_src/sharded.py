@@ -89,7 +89,7 @@ def sharded(
     raise ValueError("batch_axis: must differ from vocab_axis")
 
   def pick(logits, state: SamplerState, mask=None, **inputs) -> tuple[jax.Array, SamplerState]:
-    (raw, mask), rows, single, plan = run.prepare(sampler, logits, state, dict(inputs, mask=mask))
+    (raw, mask), rows, single, strategy = run.prepare(sampler, logits, state, dict(inputs, mask=mask))
     batch, vocab = raw.shape
     shards = mesh.shape[vocab_axis]
     rows_axis = None if single else batch_axis
@@ -101,9 +101,9 @@ def sharded(
       )
     if mask is not None and mask.dtype != jnp.bool_ and (vocab // shards) % 32:
       mask = masks.unpack(mask, vocab)  # packed words would straddle shards
-    touched = paths.touched_ids(sampler.stages, rows, vocab, plan)
+    touched = paths.touched_ids(sampler.stages, rows, vocab, strategy)
     width = paths.cut_width(sampler.budget, touched, vocab)
-    best, touched_logits, tops = _shard_cut(mesh, vocab_axis, rows_axis, width, plan, raw, mask, touched)
+    best, touched_logits, tops = _shard_cut(mesh, vocab_axis, rows_axis, width, strategy, raw, mask, touched)
     before = jax.tree.map(lambda a: a[None], state) if single else state
     by_row = functools.partial(jax.tree.map, lambda _: P(rows_axis))
 
@@ -112,7 +112,7 @@ def sharded(
       return jax.shard_map(f, mesh=mesh, in_specs=by_row(args), out_specs=by_row(out), check_vma=False)(*args)
 
     known = (best, touched, touched_logits, rows)
-    candidates = functools.partial(_candidates, sampler, vocab, plan)
+    candidates = functools.partial(_candidates, sampler, vocab, strategy)
     first, ok = per_row(lambda b, t, tl, r: candidates(b, t, tl, r, None), *known)
     race = functools.partial(per_row, lambda c, bits: jax.vmap(draw.on_candidates)(c.logits, c.ids, bits))
     whole = NamedSharding(mesh, P(rows_axis, vocab_axis))
@@ -120,7 +120,7 @@ def sharded(
     logprob = any(stage.update is not None for stage in sampler.stages)
 
     def rare():  # the log-normalisers, a pass over every shard, only where some row needs them
-      log_z = _shard_log_z(mesh, vocab_axis, rows_axis, plan, raw, mask, tops)
+      log_z = _shard_log_z(mesh, vocab_axis, rows_axis, strategy, raw, mask, tops)
       refined, better = per_row(candidates, *known, log_z)
       drawn, decided = race(strategies.select(ok, first, refined), rows.bits), ok | better
 
@@ -138,7 +138,7 @@ def sharded(
   return pick
 
 
-def _candidates(sampler, vocab: int, plan, best, touched, touched_logits, rows, log_z):
+def _candidates(sampler, vocab: int, strategy, best, touched, touched_logits, rows, log_z):
   """The candidate path on the merged candidates: ``(candidates, decided)``; without ``log_z`` (None), the
   first run, else the run with the row's log-normalisers."""
   (first, ok), refine = paths.from_best(
@@ -146,7 +146,7 @@ def _candidates(sampler, vocab: int, plan, best, touched, touched_logits, rows, 
     sampler.budget,
     vocab,
     rows,
-    plan,
+    strategy,
     best + (touched,),
     (jnp.concatenate([best[1], touched], 1), jnp.concatenate([best[0], touched_logits], 1), _read_known),
     lambda: log_z,
@@ -155,28 +155,28 @@ def _candidates(sampler, vocab: int, plan, best, touched, touched_logits, rows, 
   return (first, ok) if log_z is None else refine()
 
 
-def _full_path(sampler, whole: NamedSharding, raw, mask, rows: paths.Rows, logprob: bool) -> draw.Draw:
+def _full_path(sampler, whole: NamedSharding, raw, mask, rows: paths.RowInputs, logprob: bool) -> draw.Draw:
   """Every row's draw on its full row, with the logits left sharded as ``whole``: the stages' own ``on_row``
   under the accelerator strategy (branch-free and batched), which XLA partitions over the shards. Each
   reduction over ``V`` (a search step's mass, the race's best score) becomes per-shard partials and an
   all-reduce of ``[B]`` values; nothing indexes the row, so no shard gathers another's logits."""
-  plan = strategies.ACCELERATOR
+  strategy = strategies.ACCELERATOR
   x = lax.with_sharding_constraint(cut.clean(raw), whole)
   if mask is not None:  # unpacked by broadcasting, each shard its own words
     allowed = mask if mask.dtype == jnp.bool_ else masks.unpack(mask, raw.shape[-1])
     x = jnp.where(lax.with_sharding_constraint(allowed, whole), x, -jnp.inf)
 
   def one(x, row):
-    return draw.on_row(paths.on_row(sampler.stages, x, row, plan), row.bits, plan.race_row, logprob=logprob)
+    return draw.on_row(paths.on_row(sampler.stages, x, row, strategy), row.bits, strategy.race_row, logprob=logprob)
 
   return jax.vmap(one)(x, rows)
 
 
-def _shard_cut(mesh, vocab_axis: str, rows_axis, width: int, plan, raw, mask, touched):
+def _shard_cut(mesh, vocab_axis: str, rows_axis, width: int, strategy, raw, mask, touched):
   """The best ``width`` tokens of each row and the touched ids' logits, merged over the shards; and each
   shard's best logit ``[B, shards]``."""
   row_spec, small = P(rows_axis, vocab_axis), P(rows_axis, None)
-  local = functools.partial(_local_cut, vocab_axis, width, plan.branch_free)
+  local = functools.partial(_local_cut, vocab_axis, width, strategy.branch_free)
   args: tuple = (raw, touched) if mask is None else (raw, mask, touched)
   specs: tuple = (row_spec, small) if mask is None else (row_spec, row_spec, small)
 
@@ -206,11 +206,11 @@ def _local_cut(vocab_axis: str, width: int, branch_free: bool, raw, mask, touche
   return (logits, jnp.take_along_axis(ids, where, axis=1)), touched_logits, top
 
 
-def _shard_log_z(mesh, vocab_axis: str, rows_axis, plan, raw, mask, tops):
+def _shard_log_z(mesh, vocab_axis: str, rows_axis, strategy, raw, mask, tops):
   """``log Σ exp`` of each cleaned row ``[B]``: each shard's own (given its best, ``tops``), combined."""
 
   def body(raw, mask, top):
-    log_z = cut.log_normalisers(raw, mask, top[:, 0], branch_free=plan.branch_free)
+    log_z = cut.log_normalisers(raw, mask, top[:, 0], branch_free=strategy.branch_free)
     big = lax.pmax(log_z, vocab_axis)
     shift = jnp.where(big > -jnp.inf, big, 0.0)
     return shift + jnp.log(lax.psum(jnp.exp(log_z - shift), vocab_axis))

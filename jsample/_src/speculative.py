@@ -106,7 +106,7 @@ def _batch(sampler, draft_tokens, draft_probs, target_logits, state: SamplerStat
     token, state = sampler.pick(target_logits[:, 0], state, last.pop("mask"), **last)
     return token[:, None], jnp.zeros(rows, jnp.int32), state
   draft_tokens = draft_tokens.astype(jnp.int32)
-  plan = strategies.resolve(sampler.strategy)
+  strategy = strategies.resolve(sampler.strategy)
 
   def track(state: SamplerState):
     # What a step changes: the key and the settings stay as they are.
@@ -151,7 +151,7 @@ def _batch(sampler, draft_tokens, draft_probs, target_logits, state: SamplerStat
   residual = jnp.where(jnp.sum(residual, axis=1, keepdims=True) > 0, residual, p_at)
   scores = jnp.where(residual > 0, jnp.log(jnp.where(residual > 0, residual, 1.0)), -jnp.inf)
   words = jax.vmap(step_words)(state_at.key, state_at.position)
-  token, valid = jax.vmap(plan.race_row)(scores, words[:, 2:])
+  token, valid = jax.vmap(strategy.race_row)(scores, words[:, 2:])
   logprob = jnp.where(valid, jnp.log(_gather(p_at, token)), 0.0)
   at_inputs = jax.tree.map(lambda a: jnp.take_along_axis(a, _index(at, a.ndim), axis=1)[:, 0], _nonmask(given))
   corrected = run.advance(sampler, state_at, Draw(token, valid, logprob), at_inputs, vocab)

@@ -43,7 +43,7 @@ def clean(raw: jax.Array, ids: jax.Array | None = None, mask: jax.Array | None =
   return jnp.where(x == 0, 0.0, x)
 
 
-def full_row(raw: jax.Array, mask: jax.Array | None, *, branch_free: bool = False) -> jax.Array:
+def clean_row(raw: jax.Array, mask: jax.Array | None, *, branch_free: bool = False) -> jax.Array:
   """The whole cleaned row ``[V]``."""
   cleaned = lambda: clean(raw, jnp.arange(raw.shape[0], dtype=jnp.int32), mask)  # noqa: E731
   if branch_free or mask is not None or raw.dtype != jnp.float32:
@@ -70,7 +70,7 @@ def top_candidates(
   """
   batch, vocab = raw.shape
   if n * CHUNK >= vocab:
-    return lax.top_k(jax.vmap(lambda r, m: full_row(r, m, branch_free=branch_free))(raw, mask), n)
+    return lax.top_k(jax.vmap(lambda r, m: clean_row(r, m, branch_free=branch_free))(raw, mask), n)
   chunks = -(-vocab // CHUNK)
   if chunks * CHUNK != vocab:
     raw = jnp.pad(raw, ((0, 0), (0, chunks * CHUNK - vocab)), constant_values=-jnp.inf)
@@ -123,7 +123,7 @@ def log_normalisers(raw: jax.Array, mask: jax.Array | None, top: jax.Array, *, b
   ``branch_free`` fuses the cleaning for every row instead.
   """
   if branch_free:
-    return jax.vmap(lambda r, m: logsumexp(full_row(r, m, branch_free=True)))(raw, mask)
+    return jax.vmap(lambda r, m: logsumexp(clean_row(r, m, branch_free=True)))(raw, mask)
   if mask is None:
     shift = jnp.where(top > -jnp.inf, top, 0.0)
     sums = jnp.sum(jnp.exp(raw.astype(jnp.float32) - shift[:, None]), axis=-1)
@@ -134,7 +134,7 @@ def log_normalisers(raw: jax.Array, mask: jax.Array | None, top: jax.Array, *, b
 
 def _cleaned_normalisers(raw: jax.Array, mask: jax.Array | None) -> jax.Array:
   def one(i):  # indexed, not mapped over: mapping would copy the batch first
-    return logsumexp(full_row(raw[i], None if mask is None else mask[i]))
+    return logsumexp(clean_row(raw[i], None if mask is None else mask[i]))
 
   if not raw.shape[0]:  # no rows: nothing to index
     return jnp.zeros((0,), jnp.float32)

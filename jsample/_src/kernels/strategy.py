@@ -35,16 +35,19 @@ class Strategy(NamedTuple):
   Attributes:
     name: ``"cpu"`` or ``"accelerator"``.
     branch_free: whether the cut and the statistics avoid ``lax.cond``.
-    decide: ``(ok [B], first, refine, slow, *rows) -> out``, per row: ``first``
-      where ``ok``; else the row of ``refine()`` (a batched ``(out, ok)``: the
-      candidate path again, with the row statistics) where that is ok; else
-      ``slow(*row)``, the full-vocabulary path. Pytrees batched over ``B``.
+    fallback: ``(ok [B], first, refine, slow, blank, *rows) -> (candidates,
+      decided [B], full)``, per row: the candidates ``first`` where ``ok``, else
+      those of ``refine()`` (a batched ``(candidates, ok)``: the candidate path
+      again, with the row statistics); ``decided`` where either is ok; ``full``
+      holds ``slow(*row)``, the full-vocabulary path, where not decided, and
+      ``blank`` (batched, the shape of ``slow``'s output) elsewhere. Pytrees
+      batched over ``B``.
     race_row: ``(logits [V], bits [2]) -> (token, valid)`` over a whole row.
   """
 
   name: str
   branch_free: bool
-  decide: Callable[..., Any]
+  fallback: Callable[..., Any]
   race_row: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 
 
@@ -57,36 +60,35 @@ def select(ok: jax.Array, fast, slow):
   return jax.tree.map(pick, fast, slow)
 
 
-def _step_by_step(ok: jax.Array, first, refine, slow, *rows):
+def _step_by_step(ok: jax.Array, first, refine, slow, blank, *rows):
   """Each rarer step only where needed: the statistics when some row needs
   them, then the full path row by row (``lax.map``) for the rows that still
   do, so that its ``O(V)`` temporaries exist for one row at a time. (Rows are
   indexed inside the loop, not mapped over: mapping would copy the whole batch
   of logits first.)"""
   refined, better = lax.cond(jnp.all(ok), lambda: (first, ok), refine)
-  out, ok = select(ok, first, refined), ok | better
+  cands, ok = select(ok, first, refined), ok | better
+  if not ok.shape[0]:  # no rows: nothing to index
+    return cands, ok, blank
 
   def one(i):
-    pick = jax.tree.map(lambda a: a[i], out)
-    return lax.cond(ok[i], lambda: pick, lambda: slow(*jax.tree.map(lambda a: a[i], rows)))
+    empty = jax.tree.map(lambda a: a[i], blank)
+    return lax.cond(ok[i], lambda: empty, lambda: slow(*jax.tree.map(lambda a: a[i], rows)))
 
-  if not ok.shape[0]:  # no rows: nothing to index
-    return out
   # The loop carries the logits, which XLA copies in first: skip it when it has nothing to do.
-  return lax.cond(jnp.all(ok), lambda: out, lambda: lax.map(one, jnp.arange(ok.shape[0])))
+  return cands, ok, lax.cond(jnp.all(ok), lambda: blank, lambda: lax.map(one, jnp.arange(ok.shape[0])))
 
 
-def _all_at_once(ok: jax.Array, first, refine, slow, *rows):
+def _all_at_once(ok: jax.Array, first, refine, slow, blank, *rows):
   """The statistics and the full path for the whole batch at once, behind the call's one ``lax.cond``."""
   if not ok.shape[0]:
-    return first
+    return first, ok, blank
 
   def rare():
     refined, better = refine()
-    out = select(ok, first, refined)
-    return select(ok | better, out, jax.vmap(slow)(*rows))
+    return select(ok, first, refined), ok | better, jax.vmap(slow)(*rows)
 
-  return lax.cond(jnp.all(ok), lambda: first, rare)
+  return lax.cond(jnp.all(ok), lambda: (first, ok, blank), rare)
 
 
 def _race_all(logits: jax.Array, bits: jax.Array) -> tuple[jax.Array, jax.Array]:
