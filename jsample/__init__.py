@@ -12,8 +12,8 @@ from jsample._src.readers.llama_server import from_llama_server
 from jsample._src.readers.llama_vocab import dry_breaker_sequences, end_of_generation_ids
 from jsample._src.readers.openai import from_openai
 from jsample._src.readers.transformers import from_generation_config
-from jsample._src.recipes import gemma, hf, llama_cpp, mirostat_neutral, vllm
-from jsample._src.sampler import Sampler, chain
+from jsample._src.recipes import chain, gemma, hf, llama_cpp, mirostat_neutral, vllm
+from jsample._src.sampler import Sampler
 from jsample._src.sharded import sharded
 from jsample._src.stage import Candidates, Context, Setting, Settings, Stage, elementwise
 from jsample._src.stages.dry import dry

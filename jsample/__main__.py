@@ -161,9 +161,9 @@ def cli(argv=None) -> int:
     print(OVERVIEW)
     return 0
   if argv[:1] == ["generate"]:
-    from jsample.models import generate
+    from jsample.models import compiled, generate
 
-    generate.keep_compiled_programs()
+    compiled.keep_compiled_programs()
     return generate.main(argv[1:])
   return main(argv[1:] if argv[:1] == ["demo"] else argv)
 

@@ -28,7 +28,8 @@ import numpy as np
 
 from jsample._src import draw, paths, run
 from jsample._src.kernels.strategy import select
-from jsample._src.sampler import Sampler, chain
+from jsample._src.recipes import chain
+from jsample._src.sampler import Sampler
 from jsample._src.stage import Stage
 from jsample._src.stages.temperature import temperature
 

@@ -61,10 +61,10 @@ def test_bad_setting_is_a_usage_error(capsys):
 
 def test_jsample_command_dispatches(capsys, monkeypatch):
   from jsample.__main__ import cli
-  from jsample.models import generate
+  from jsample.models import compiled
 
   kept = []
-  monkeypatch.setattr(generate, "keep_compiled_programs", lambda: kept.append(True))  # JAX's config stays as is
+  monkeypatch.setattr(compiled, "keep_compiled_programs", lambda: kept.append(True))  # JAX's config stays as is
 
   assert cli(["demo", "--vocab", str(VOCAB), "--temperature", "0"]) == 0
   assert "draw: token" in capsys.readouterr().out

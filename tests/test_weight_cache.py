@@ -202,7 +202,7 @@ import sys, jax, jax.numpy as jnp
 jax.config.update("jax_compilation_cache_dir", sys.argv[1])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-from jsample.models.generate import mending_compiled_programs
+from jsample.models.compiled import mending_compiled_programs
 with mending_compiled_programs():
   print(jax.jit(lambda x: jnp.cumsum(x) * 2 + 1)(jnp.arange(4)).tolist())
 """

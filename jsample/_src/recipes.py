@@ -1,4 +1,5 @@
-"""Recipes: the chains other engines run, with their declared defaults.
+"""Building samplers: :func:`chain` composes stages, and the recipes are the chains other engines run, with their
+declared defaults.
 
 Every recipe is a plain :func:`chain`. Its keyword arguments override the
 defaults of its settings (any setting of its stages: ``temperature``,
@@ -13,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from jsample._src.sampler import Sampler, chain
+from jsample._src.sampler import Sampler
 from jsample._src.stage import Stage
 from jsample._src.stages.dry import dry
 from jsample._src.stages.floors import epsilon, eta
@@ -51,6 +52,41 @@ _STAGES: dict[str, tuple[Callable[..., Stage], dict[str, str]]] = {
   "eta": (eta, {}),
 }
 _SIZES = ("window_size", "budget", "vocab_size", "strategy")
+
+
+def chain(
+  *stages: Stage,
+  window_size: int = 64,
+  budget: int = 128,
+  vocab_size: int | None = None,
+  strategy: str = "auto",
+) -> Sampler:
+  """Composes stages, in the order given, into a :class:`Sampler`.
+
+  The sampler draws from whatever survives the last stage: with temperature
+  ``t``, from ``softmax(logits / t)`` over the survivors.
+
+  Args:
+    *stages: :class:`Stage` s such as :func:`top_k` or :func:`temperature`.
+    window_size: ``W``, the capacity of the recent-token ring buffer.
+    budget: ``K``, how many candidates the fast path keeps after its cut.
+    vocab_size: optional ``V``, to check prompts and logits against.
+    strategy: ``"auto"`` (by JAX's backend), ``"cpu"`` or ``"accelerator"``.
+
+  Returns:
+    A :class:`Sampler`.
+
+  Examples:
+    >>> import jax.numpy as jnp, jsample
+    >>> sampler = jsample.chain(jsample.top_k(2), jsample.temperature(1.0))
+    >>> token, state = sampler.pick(jnp.array([0.0, 5.0, 4.0, -1.0]), sampler.init(seed=0))
+    >>> int(token) in (1, 2)
+    True
+  """
+  for stage in stages:
+    if not isinstance(stage, Stage):
+      raise ValueError(f"stages: expected Stage objects (jsample.top_k(...), ...); got {stage!r}")
+  return Sampler(tuple(stages), window_size=window_size, budget=budget, vocab_size=vocab_size, strategy=strategy)
 
 
 def _recipe(order: tuple[str, ...], defaults: dict, overrides: dict) -> Sampler:

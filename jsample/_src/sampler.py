@@ -155,7 +155,7 @@ class Sampler:
       >>> float(state.settings["temperature"])
       0.0
     """
-    _in_order("configure(state, **settings)", state)
+    validation.state_last("configure(state, **settings)", state)
     rows = state.position.shape
     for name, value in settings.items():
       spec = self.settings.get(name)
@@ -184,7 +184,7 @@ class Sampler:
       >>> state.window.tolist(), int(state.position)
       ([9, 6, 7, 8], 5)
     """
-    _in_order("load_prompt(prompt, state)", prompt, state)
+    validation.state_last("load_prompt(prompt, state)", prompt, state)
     prompt = as_prompt(prompt)
     validation.tokens("prompt", prompt, self.vocab_size, lowest=-1)
     if self.checking:
@@ -227,7 +227,7 @@ class Sampler:
       >>> int(tokens[4]) == int(sampler.pick(jnp.zeros(50), alone)[0])  # row 1, copy 1
       True
     """
-    _in_order("fork(state, n=...)", state)
+    validation.state_last("fork(state, n=...)", state)
     if not isinstance(n, int) or n < 1:
       raise ValueError(f"n: must be an int >= 1; got {n!r}")
     return fork(_batched(state), n)
@@ -252,7 +252,7 @@ class Sampler:
       >>> state.window.tolist(), int(state.position)
       ([7, -1, -1, -1], 1)
     """
-    _in_order("accept(token, state)", token, state)
+    validation.state_last("accept(token, state)", token, state)
     if not jnp.issubdtype(jnp.asarray(token).dtype, jnp.integer):
       raise ValueError(f"token: must be integer token ids; got dtype {jnp.asarray(token).dtype}")
     validation.tokens("token", token, self.vocab_size, lowest=0)
@@ -292,7 +292,7 @@ class Sampler:
       >>> int(state.position)
       4
     """
-    _in_order("pick(logits, state)", logits, state)
+    validation.state_last("pick(logits, state)", logits, state)
     drawn, state = run.one_row_or_batch(self, run.draws, logits, state, dict(inputs, mask=mask), logprob=False)
     return drawn.token, state
 
@@ -323,7 +323,7 @@ class Sampler:
       >>> int(drawn.raw.rank), drawn.raw.top_ids.tolist(), round(float(drawn.raw.logprob), 3)
       (1, [1, 2], -0.693)
     """
-    _in_order("pick_with_info(logits, state)", logits, state)
+    validation.state_last("pick_with_info(logits, state)", logits, state)
     top, per_row = top_logprobs if isinstance(top_logprobs, tuple) else (top_logprobs, None)
     given = dict(inputs, mask=mask, top_logprobs=per_row)
     return run.one_row_or_batch(self, run.draws, logits, state, given, logprob=True, top_logprobs=top)
@@ -341,7 +341,7 @@ class Sampler:
       >>> [round(float(v), 3) for v in p]
       [0.0, 0.667, 0.333]
     """
-    _in_order("probs(logits, state)", logits, state)
+    validation.state_last("probs(logits, state)", logits, state)
     return run.one_row_or_batch(self, run.probs, logits, state, dict(inputs, mask=mask))
 
   def verify(
@@ -397,7 +397,7 @@ class Sampler:
       Speculative Decoding", ICML 2023; Chen et al., "Accelerating Large
       Language Model Decoding with Speculative Sampling", 2023.
     """
-    _in_order(
+    validation.state_last(
       "verify(draft_tokens, draft_probs, target_logits, state)", draft_tokens, draft_probs, target_logits, state
     )
     return speculative.verify(self, draft_tokens, draft_probs, target_logits, state, mask, inputs)
@@ -429,54 +429,10 @@ class Sampler:
       >>> [round(float(p), 3) for p in views[2].probs]
       [0.625, 0.375]
     """
-    _in_order("explain(logits, state)", logits, state)
+    validation.state_last("explain(logits, state)", logits, state)
     return explain.views(self, logits, state, dict(inputs, mask=mask), top)
-
-
-def chain(
-  *stages: Stage,
-  window_size: int = 64,
-  budget: int = 128,
-  vocab_size: int | None = None,
-  strategy: str = "auto",
-) -> Sampler:
-  """Composes stages, in the order given, into a :class:`Sampler`.
-
-  The sampler draws from whatever survives the last stage: with temperature
-  ``t``, from ``softmax(logits / t)`` over the survivors.
-
-  Args:
-    *stages: :class:`Stage` s such as :func:`top_k` or :func:`temperature`.
-    window_size: ``W``, the capacity of the recent-token ring buffer.
-    budget: ``K``, how many candidates the fast path keeps after its cut.
-    vocab_size: optional ``V``, to check prompts and logits against.
-    strategy: ``"auto"`` (by JAX's backend), ``"cpu"`` or ``"accelerator"``.
-
-  Returns:
-    A :class:`Sampler`.
-
-  Examples:
-    >>> import jax.numpy as jnp, jsample
-    >>> sampler = jsample.chain(jsample.top_k(2), jsample.temperature(1.0))
-    >>> token, state = sampler.pick(jnp.array([0.0, 5.0, 4.0, -1.0]), sampler.init(seed=0))
-    >>> int(token) in (1, 2)
-    True
-  """
-  for stage in stages:
-    if not isinstance(stage, Stage):
-      raise ValueError(f"stages: expected Stage objects (jsample.top_k(...), ...); got {stage!r}")
-  return Sampler(tuple(stages), window_size=window_size, budget=budget, vocab_size=vocab_size, strategy=strategy)
 
 
 def _batched(state: SamplerState) -> SamplerState:
   """A batch of one for a single row's state."""
   return jax.tree.map(lambda a: a[None], state) if state.position.ndim == 0 else state
-
-
-def _in_order(call: str, *args) -> None:
-  """Every method takes its arrays first and the state last: a :class:`TypeError` that says so, not one from deep
-  inside JAX, when a call swaps them."""
-  *data, state = args
-  if not isinstance(state, SamplerState) or any(isinstance(x, SamplerState) for x in data):
-    got = ", ".join(type(x).__name__ for x in args)
-    raise TypeError(f"{call}: the state comes last (arrays first, then the SamplerState); got ({got})")

@@ -12,6 +12,7 @@ import numpy as np
 from jsample._src.kernels import masks
 from jsample._src.kernels.strategy import NAMES as STRATEGIES
 from jsample._src.stage import Setting, Stage
+from jsample._src.state import SamplerState
 
 
 def is_concrete(value) -> bool:
@@ -154,3 +155,12 @@ def _shared(stages: tuple[Stage, ...]) -> None:
 
 def _same(a, b) -> bool:
   return a is b or (type(a) is type(b) and np.array_equal(np.asarray(a), np.asarray(b)))
+
+
+def state_last(call: str, *args) -> None:
+  """Every method takes its arrays first and the state last: a ``TypeError`` that says so, not one from deep
+  inside JAX, when a call swaps them."""
+  *data, state = args
+  if not isinstance(state, SamplerState) or any(isinstance(x, SamplerState) for x in data):
+    got = ", ".join(type(x).__name__ for x in args)
+    raise TypeError(f"{call}: the state comes last (arrays first, then the SamplerState); got ({got})")

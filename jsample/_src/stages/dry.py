@@ -1,18 +1,14 @@
 """DRY ("don't repeat yourself"): penalise tokens that would extend a repeat of the recent window.
 
-llama.cpp's ``llama_sampler_dry_apply`` (src/llama-sampling.cpp), on the
-window's last ``dry_penalty_last_n`` tokens. With ``rat(i)`` the ``i``-th most
-recent token and ``N`` tokens in view:
+llama.cpp's ``llama_sampler_dry_apply`` (src/llama-sampling.cpp), on the window's last ``dry_penalty_last_n``
+tokens. With ``rat(i)`` the ``i``-th most recent token and ``N`` tokens in view:
 
-1. ``rep_limit``: at the most recent ``i`` where a sequence breaker ends
-   (its head at ``rat(i)``, its tail after it; the longest such breaker), the
-   number of tokens after the breaker; ``N`` when there is none.
-2. ``n_k`` for ``k = 1 .. N - 1``: the length of the common suffix of the
-   window and the window without its last ``k`` tokens, capped at
-   ``rep_limit`` (llama.cpp's reversed Z-algorithm).
-3. The token ``rat(k - 1)`` that followed each such earlier occurrence, where
-   ``n_k >= allowed``, would extend a repeat of ``n_k`` tokens; it loses
-   ``multiplier * base^(max n_k - allowed)`` (the exponent capped where the
+1. ``rep_limit``: at the most recent ``i`` where a sequence breaker ends (its head at ``rat(i)``, its tail after
+   it; the longest such breaker), the number of tokens after the breaker; ``N`` when there is none.
+2. ``n_k`` for ``k = 1 .. N - 1``: the length of the common suffix of the window and the window without its last
+   ``k`` tokens, capped at ``rep_limit`` (llama.cpp's reversed Z-algorithm).
+3. The token ``rat(k - 1)`` that followed each such earlier occurrence, where ``n_k >= allowed``, would extend a
+   repeat of ``n_k`` tokens; it loses ``multiplier * base^(max n_k - allowed)`` (the exponent capped where the
    power would pass the largest float), unless it is a single-token breaker.
 """
 
