@@ -147,7 +147,7 @@ def main(argv=None) -> None:
     f"# Program size: `pick` at B = {B}, V = {V}, float32, default settings\n\n"
     f"jax {jax.__version__}, backend {backend} ({jax.devices()[0].device_kind}), {platform.machine()}, "
     f"trace + compile the best of {args.repeats} with caches cleared. Bytes accessed is XLA's static count over "
-    "every branch.\n\n"
+    "every branch, a loop's body counted once.\n\n"
     + table(rows)
     + "\n\n## Jaxpr equations by the module that wrote them\n\n"
     + authors_table(rows, args.top)
