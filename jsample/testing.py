@@ -79,7 +79,7 @@ def full_path_tokens(sampler: Sampler, logits, state, mask=None, **inputs) -> ja
 
 
 def candidate_path(sampler: Sampler, logits, state, mask=None, *, statistics: bool = True, **inputs):
-  """The candidate path alone: ``(Draw [B], decided [B])``.
+  """The candidate path alone: ``(Draw [B], settled [B])``.
 
   With ``statistics=False`` it stops before the row statistics, as a call does
   when the candidates decide every row without them.
@@ -87,8 +87,8 @@ def candidate_path(sampler: Sampler, logits, state, mask=None, *, statistics: bo
   Examples:
     >>> import jax.numpy as jnp, jsample
     >>> sampler = jsample.chain(jsample.top_k(2), jsample.temperature(0.0), budget=2)
-    >>> drawn, decided = candidate_path(sampler, jnp.array([[0.1, 3.0, 2.0]]), sampler.init(seed=[0]))
-    >>> drawn.token.tolist(), decided.tolist()
+    >>> drawn, settled = candidate_path(sampler, jnp.array([[0.1, 3.0, 2.0]]), sampler.init(seed=[0]))
+    >>> drawn.token.tolist(), settled.tolist()
     ([1], [True])
   """
   (raw, mask), rows, single, strategy = run.prepare(sampler, logits, state, dict(inputs, mask=mask))

@@ -110,7 +110,7 @@ def _both_paths_agree(sampler, x, state, expect_decided=True):
 
 
 def test_allowed_ids_far_below_the_raw_best_are_decided_on_candidates():
-  """The raw best hold none of the allowed ids; the cut brings them in, and marks the row complete."""
+  """The raw best hold none of the allowed ids; the cut brings them in, and marks the candidates as covering the row."""
   rng = np.random.default_rng(1)
   x = rng.normal(0, 2, (4, 2000)).astype(np.float32)
   order = np.argsort(-x, axis=1)

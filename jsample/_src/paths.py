@@ -2,7 +2,7 @@
 
 The candidate path does all ``O(V)`` work in the cut (:mod:`cut`) and the row
 statistics, then runs the stages on ``K`` candidates. It says, per row, when
-``K`` candidates cannot decide (``Candidates.exact``, ``complete``); those rows
+``K`` candidates cannot decide (``Candidates.decided``, ``covers_row``); those rows
 take the full-vocabulary path, which runs every stage's ``on_row`` on ``[V]``.
 How rows are batched, skipped and searched is the :class:`Strategy`'s business.
 """
@@ -63,7 +63,7 @@ def candidates(stages: tuple[Stage, ...], budget: int, raw: jax.Array, mask, row
 
   ``first`` runs without the row statistics, which cost passes over ``V``;
   ``refine()`` runs again with them. Each returns the candidates and the rows
-  they decide (``exact & complete``); the strategy calls ``refine`` only where
+  they settle (``decided & covers_row``); the strategy calls ``refine`` only where
   some row needs it.
   """
   vocab = raw.shape[-1]
@@ -132,7 +132,7 @@ def from_best(
 
   def run(c: Candidates, stat) -> tuple[Candidates, jax.Array]:
     c = chain_rows(c, rows, stat)
-    return c, c.exact & c.complete
+    return c, c.decided & c.covers_row
 
   def refine():
     with_z = cut_once._replace(log_z=log_normalisers())
@@ -277,7 +277,7 @@ def _cut_row(
   row are among the touched ids and the raw best as long as at most ``m`` of
   the raw best changed (then ``K`` unchanged ones beat every token beyond
   them), or when a stage leaves no untouched token alive (it says so with
-  ``complete``: allowed ids). A stage that only lowers logits cannot lift a
+  ``covers_row``: allowed ids). A stage that only lowers logits cannot lift a
   token from beyond the raw best, so its touched ids may be left out
   (``touched`` of width 0).
   """
@@ -306,13 +306,13 @@ def _cut_row(
   # The last kept logit as the minimum, not best[-1]: slicing top_k's values makes XLA's CPU backend
   # trade its TopK kernel for a full sort (over twice as slow).
   last = jnp.min(best)
-  # Complete: no token beyond the kept ones survives. Those beyond the list
+  # Covers the row: no token beyond the kept ones survives. Those beyond the list
   # hold none when the row was whole or a stage removed every untouched token.
   return c._replace(
     ids=kept_ids,
     logits=best,
-    complete=c.complete & ((whole & (kept == wide)) | (last == -jnp.inf)),
-    exact=c.exact & (c.complete | (changed <= extra) | _ahead(last, kept_ids[-1], logits[-1], ids[-1])),
+    covers_row=c.covers_row & ((whole & (kept == wide)) | (last == -jnp.inf)),
+    decided=c.decided & (c.covers_row | (changed <= extra) | _ahead(last, kept_ids[-1], logits[-1], ids[-1])),
   )
 
 

@@ -104,8 +104,8 @@ def route(sampler, raw, mask, rows: paths.RowInputs, strategy: strategies.Strate
 
   def run_chain():
     (first, ok), refine = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, strategy)
-    cands, decided, full = strategy.fallback(ok, first, refine, slow, blank, raw, mask, rows)
-    return strategies.select(decided, fast(cands), full)
+    cands, settled, full = strategy.fallback(ok, first, refine, slow, blank, raw, mask, rows)
+    return strategies.select(settled, fast(cands), full)
 
   greedy = paths.greedy(sampler.stages, rows, raw.shape[-1], strategy)
   if greedy is None or not raw.shape[0]:

@@ -122,12 +122,12 @@ def sharded(
     def rare():  # the log-normalisers, a pass over every shard, only where some row needs them
       log_z = _shard_log_z(mesh, vocab_axis, rows_axis, strategy, raw, mask, tops)
       refined, better = per_row(candidates, *known, log_z)
-      drawn, decided = race(strategies.select(ok, first, refined), rows.bits), ok | better
+      drawn, settled = race(strategies.select(ok, first, refined), rows.bits), ok | better
 
       def full():  # the rows the candidates still cannot decide, on the whole sharded row
-        return strategies.select(decided, drawn, _full_path(sampler, whole, raw, mask, rows, logprob))
+        return strategies.select(settled, drawn, _full_path(sampler, whole, raw, mask, rows, logprob))
 
-      return lax.cond(jnp.all(decided), lambda: drawn, full)
+      return lax.cond(jnp.all(settled), lambda: drawn, full)
 
     drawn = lax.cond(jnp.all(ok), lambda: race(first, rows.bits), rare)
     after = per_row(lambda s, d, i: run.advance(sampler, s, d, i, vocab), before, drawn, rows.inputs)
@@ -139,7 +139,7 @@ def sharded(
 
 
 def _candidates(sampler, vocab: int, strategy, best, touched, touched_logits, rows, log_z):
-  """The candidate path on the merged candidates: ``(candidates, decided)``; without ``log_z`` (None), the
+  """The candidate path on the merged candidates: ``(candidates, settled)``; without ``log_z`` (None), the
   first run, else the run with the row's log-normalisers."""
   (first, ok), refine = paths.from_best(
     sampler.stages,

@@ -149,8 +149,8 @@ class Candidates(NamedTuple):
       this stage sees it, candidate or not; meaningful where ``log_z_known``.
     log_z_known: ``[]`` bool: False before the row's statistics are computed,
       and after a stage changed tokens outside the candidates.
-    complete: ``[]`` bool, True when no token outside the candidates survives.
-    exact: ``[]`` bool, False when a stage could not decide from candidates;
+    covers_row: ``[]`` bool, True when no token outside the candidates survives.
+    decided: ``[]`` bool, False when a stage could not decide from candidates;
       the row then takes the full-vocabulary path.
 
   Examples:
@@ -159,7 +159,7 @@ class Candidates(NamedTuple):
     >>> c = Candidates(jnp.array([2, 0, 1]), jnp.array([3.0, 1.0, 0.5]), jnp.float32(0), no, yes, yes)
     >>> c.keep(c.logits > 0.9).logits.tolist()
     [3.0, 1.0, -inf]
-    >>> [round(float(v), 4) for v in c.log_normaliser()]  # complete: from the candidates themselves
+    >>> [round(float(v), 4) for v in c.log_normaliser()]  # covers_row: from the candidates themselves
     [3.1967, 1.0]
   """
 
@@ -167,13 +167,13 @@ class Candidates(NamedTuple):
   logits: jax.Array
   log_z: jax.Array
   log_z_known: jax.Array
-  complete: jax.Array
-  exact: jax.Array
+  covers_row: jax.Array
+  decided: jax.Array
 
   def log_normaliser(self) -> tuple[jax.Array, jax.Array]:
-    """``(log Σ exp over all survivors, whether it is known)``: from the candidates when complete."""
-    known = self.complete | self.log_z_known
-    return jnp.where(self.complete, logsumexp(self.logits), self.log_z), known
+    """``(log Σ exp over all survivors, whether it is known)``: from the candidates when they cover the row."""
+    known = self.covers_row | self.log_z_known
+    return jnp.where(self.covers_row, logsumexp(self.logits), self.log_z), known
 
   def keep(self, keep: jax.Array) -> "Candidates":
     """Removes the candidates where ``keep`` is False."""
@@ -284,8 +284,8 @@ def elementwise(
       best token (see :attr:`Stage.keeps_best`).
 
   Returns:
-    A :class:`Stage`. Where the rule changed something and the candidates are
-    not complete, the row's log-normaliser becomes unknown.
+    A :class:`Stage`. Where the rule changed something and the candidates do
+    not cover the row, the row's log-normaliser becomes unknown.
 
   Examples:
     >>> import jax.numpy as jnp, jsample
@@ -303,14 +303,14 @@ def elementwise(
     best = jnp.max(c.logits)
     after = c._replace(logits=jnp.where(alive, rule(c.logits, c.ids, best, s, ctx), -jnp.inf))
     identity = jnp.bool_(False) if off is None else off(s)
-    settled = c.complete | (jnp.bool_(False) if settles is None else settles(c, after, s))
+    settled = c.covers_row | (jnp.bool_(False) if settles is None else settles(c, after, s))
     # A rule that emptied the candidates says nothing of the tokens beyond them.
     emptied = ~jnp.any(after.logits > -jnp.inf) & jnp.any(alive) & ~settled
     return after._replace(
       logits=jnp.where(identity, c.logits, after.logits),
       log_z_known=c.log_z_known & identity,
-      complete=jnp.where(identity, c.complete, settled),
-      exact=c.exact & (identity | ~emptied),
+      covers_row=jnp.where(identity, c.covers_row, settled),
+      decided=c.decided & (identity | ~emptied),
     )
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:

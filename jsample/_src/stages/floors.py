@@ -16,7 +16,7 @@ def cutoff_setting(name: str, value: float, help: str) -> Setting:
   return Setting(name, value, jnp.float32, lambda v: (v >= 0) & (v < 1), "in [0, 1) (0: off)", 0.0, help)
 
 
-def kth(logits: jax.Array, least: jax.Array, complete: jax.Array) -> tuple[jax.Array, jax.Array]:
+def kth(logits: jax.Array, least: jax.Array, covers_row: jax.Array) -> tuple[jax.Array, jax.Array]:
   """``(the min_keep-th best logit of candidates [K], whether it is known)``.
 
   transformers keeps every token whose score reaches the ``min_tokens_to_keep``-th
@@ -28,7 +28,7 @@ def kth(logits: jax.Array, least: jax.Array, complete: jax.Array) -> tuple[jax.A
   alive = jnp.sum(logits > -jnp.inf)
   desc = -jnp.sort(-logits)
   value = jnp.where(k <= size, desc[jnp.clip(k - 1, 0, size - 1)], -jnp.inf)
-  return value, complete | (k <= alive)
+  return value, covers_row | (k <= alive)
 
 
 def row_kth(logits: jax.Array, least: jax.Array, ctx: Context) -> jax.Array:
@@ -62,20 +62,20 @@ def floor_stage(name: str, setting: Setting, min_keep: int, log_floor, row_stat=
     log_z, known = c.log_normaliser()
     if wants_entropy:
       stat = jnp.float32(jnp.nan) if ctx.stat is None else ctx.stat
-      h = jnp.where(c.complete, entropy(c.logits, log_z), stat)
-      known = c.complete | (c.log_z_known & (ctx.stat is not None))
+      h = jnp.where(c.covers_row, entropy(c.logits, log_z), stat)
+      known = c.covers_row | (c.log_z_known & (ctx.stat is not None))
       floor = log_floor(s, h)
     else:
       floor = log_floor(s, None)
-    top, top_known = kth(c.logits, s["min_keep"], c.complete)
+    top, top_known = kth(c.logits, s["min_keep"], c.covers_row)
     keep = (c.logits - log_z >= floor) | (c.logits >= top)
     # Tokens beyond the candidates rank at or below the last one: if it falls, so do they.
     last_out = (c.logits[-1] - log_z < floor) & (c.logits[-1] < top)
-    done = c.complete | (known & top_known & last_out)
+    done = c.covers_row | (known & top_known & last_out)
     return c.keep(keep | off)._replace(
-      complete=jnp.where(off, c.complete, done),
+      covers_row=jnp.where(off, c.covers_row, done),
       log_z_known=c.log_z_known & off,  # removing tokens changes the row's normaliser
-      exact=c.exact & (off | (known & top_known & done)),
+      decided=c.decided & (off | (known & top_known & done)),
     )
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:

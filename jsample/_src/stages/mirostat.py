@@ -139,13 +139,13 @@ def mirostat(version: int = 0, tau: float = 5.0, eta: float = 0.1) -> Stage:
     log_z, known = c.log_normaliser()
     within = alive & ((log_z - c.logits) * _LOG2E <= mu)
     v2 = c.keep(within | first)
-    v2_settled = c.complete | (alive[-1] & ~within[-1])  # tokens beyond rank below the last
+    v2_settled = c.covers_row | (alive[-1] & ~within[-1])  # tokens beyond rank below the last
     # v1: the k best, k from the best M survivors.
     best = _compact(c.logits, min(M, budget))
-    fits = c.complete | ((budget >= M) & (count >= M))
-    k = _zipf_k(best, jnp.where(c.complete, count, M), mu, ctx.vocab)
+    fits = c.covers_row | ((budget >= M) & (count >= M))
+    k = _zipf_k(best, jnp.where(c.covers_row, count, M), mu, ctx.vocab)
     v1 = c.keep(alive & (rank.astype(jnp.float32) <= k))
-    v1_settled = c.complete | (k <= count.astype(jnp.float32))
+    v1_settled = c.covers_row | (k <= count.astype(jnp.float32))
     off = version == 0
     one = version == 1
     kept = jnp.where(one, v1.logits, v2.logits)
@@ -154,8 +154,8 @@ def mirostat(version: int = 0, tau: float = 5.0, eta: float = 0.1) -> Stage:
     return c._replace(
       logits=jnp.where(off, c.logits, kept),
       log_z_known=c.log_z_known & off,
-      complete=jnp.where(off, c.complete, settled),
-      exact=c.exact & (off | (decided & settled)),
+      covers_row=jnp.where(off, c.covers_row, settled),
+      decided=c.decided & (off | (decided & settled)),
     )
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:

@@ -18,8 +18,8 @@ def allowed_tokens(ids: Sequence[int] = (), *, size: int = 64) -> Stage:
   stage. The stage declares the listed ids as the ids it touches, so the cut
   keeps all of them beside the ``K`` best raw tokens, whatever their rank (the
   raw best may hold none of them). On candidates it removes every other id
-  and marks the candidates complete: no token outside them survives, so the
-  row is decided without the full-vocabulary path unless more than ``K``
+  and marks the candidates as covering the row: no token outside them survives, so the
+  row settles without the full-vocabulary path unless more than ``K``
   listed tokens survive. ``O((K + N) N)`` on candidates; on a row, one
   scatter of ``N`` ids and one select over ``V``, skipped for rows whose
   list is empty.
@@ -54,7 +54,7 @@ def allowed_tokens(ids: Sequence[int] = (), *, size: int = 64) -> Stage:
     # The cut put every listed id among the candidates, so what survives here is all that survives.
     return c._replace(
       logits=jnp.where(on & ~listed(c.ids, allowed), -jnp.inf, c.logits),
-      complete=c.complete | on,
+      covers_row=c.covers_row | on,
       log_z_known=c.log_z_known & ~on,
     )
 

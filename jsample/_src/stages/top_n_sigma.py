@@ -61,19 +61,19 @@ def top_n_sigma(n: float = -1.0) -> Stage:
   def on_candidates(c: Candidates, s: Settings, ctx: Context) -> Candidates:
     n = s["top_n_sigma"]
     off = ~(n > 0)
-    # All survivors are candidates when complete; otherwise σ is the row's, known while the row is the cut's.
+    # All survivors are candidates when they cover the row; otherwise σ is the row's, known while the row is the cut's.
     stat = jnp.float32(jnp.nan) if ctx.stat is None else ctx.stat
-    sigma = jnp.where(c.complete, _spread(c.logits), stat)
-    usable = c.complete | (c.log_z_known & (ctx.stat is not None))
+    sigma = jnp.where(c.covers_row, _spread(c.logits), stat)
+    usable = c.covers_row | (c.log_z_known & (ctx.stat is not None))
     alive = c.logits > -jnp.inf
     kept = c.keep(c.logits >= jnp.max(c.logits) - n * sigma)
     # Tokens beyond the candidates rank below the last one: if it fell, so did they.
-    settled = c.complete | (alive[-1] & (kept.logits[-1] == -jnp.inf))
+    settled = c.covers_row | (alive[-1] & (kept.logits[-1] == -jnp.inf))
     return c._replace(
       logits=jnp.where(off, c.logits, kept.logits),
       log_z_known=c.log_z_known & off,
-      complete=jnp.where(off, c.complete, settled),
-      exact=c.exact & (off | usable),
+      covers_row=jnp.where(off, c.covers_row, settled),
+      decided=c.decided & (off | usable),
     )
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:

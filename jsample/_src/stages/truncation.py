@@ -54,8 +54,8 @@ def top_k(k: int = 40) -> Stage:
     fits = k <= budget
     cut = c.keep(survivor_rank(c.logits) <= k)
     return cut._replace(
-      complete=c.complete | fits,
-      exact=c.exact & (fits | c.complete | (k >= ctx.vocab)),
+      covers_row=c.covers_row | fits,
+      decided=c.decided & (fits | c.covers_row | (k >= ctx.vocab)),
     )
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
@@ -126,7 +126,7 @@ def top_p(p: float = 0.95, min_keep: int = 0) -> Stage:
   def on_candidates(c: Candidates, s: Settings, ctx: Context) -> Candidates:
     p, least = s["top_p"], s["min_keep"]
     log_z, known = c.log_normaliser()
-    probs = jnp.exp(c.logits - log_z)  # where unknown, the row is not exact anyway
+    probs = jnp.exp(c.logits - log_z)  # where unknown, the row is not decided anyway
     rank = survivor_rank(c.logits)
     reached = (jnp.cumsum(probs) >= p) & (c.logits > -jnp.inf) & (rank >= least)
     crossing = jnp.argmax(reached)
@@ -138,8 +138,8 @@ def top_p(p: float = 0.95, min_keep: int = 0) -> Stage:
     # still settle the row.
     cut = c.keep(off | ~found | (index <= crossing))
     return cut._replace(
-      complete=c.complete | (found & ~off),
-      exact=c.exact & (off | known),
+      covers_row=c.covers_row | (found & ~off),
+      decided=c.decided & (off | known),
     )
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
@@ -203,10 +203,10 @@ def min_p(p: float = 0.05, min_keep: int = 0) -> Stage:
     after = threshold.on_candidates(c, s, ctx)
     rank = survivor_rank(c.logits)
     least = s["min_keep"]
-    # Fewer than min_keep candidates alive, of a row they do not complete: min_keep keeps tokens beyond them.
-    short = (rank[-1] < least) & ~c.complete
+    # Fewer than min_keep candidates alive, of a row they do not cover: min_keep keeps tokens beyond them.
+    short = (rank[-1] < least) & ~c.covers_row
     kept = jnp.where((rank <= least) & (c.logits > -jnp.inf), c.logits, after.logits)
-    return after._replace(logits=kept, complete=after.complete & ~short)
+    return after._replace(logits=kept, covers_row=after.covers_row & ~short)
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
     keep = lambda: rule(logits, ctx.ids(logits.shape[0]), jnp.max(logits), s, ctx) > -jnp.inf  # noqa: E731

@@ -31,7 +31,7 @@ def typical(p: float = 1.0, min_keep: int = 0) -> Stage:
 
   The entropy is a statistic of the whole row: on candidates the stage reads
   it from the row statistics (:attr:`Stage.row_stat`) unless the candidates
-  are complete (after top-k, say), and the row decides there only when the
+  cover the row (after top-k, say), and the row decides there only when the
   kept tokens all rank before any token beyond the candidates could.
 
   Args:
@@ -74,10 +74,10 @@ def typical(p: float = 1.0, min_keep: int = 0) -> Stage:
     off = ~(p < 1)
     alive = c.logits > -jnp.inf
     log_z, _ = c.log_normaliser()
-    # All survivors are candidates when complete; otherwise H is the row's, known while the row is the cut's.
+    # All survivors are candidates when they cover the row; otherwise H is the row's, known while the row is the cut's.
     stat = jnp.float32(jnp.nan) if ctx.stat is None else ctx.stat
-    h = jnp.where(c.complete, entropy(c.logits, log_z), stat)
-    usable = c.complete | (c.log_z_known & (ctx.stat is not None))
+    h = jnp.where(c.covers_row, entropy(c.logits, log_z), stat)
+    usable = c.covers_row | (c.log_z_known & (ctx.stat is not None))
     centre = log_z - h  # the logit whose surprise is H
     score = jnp.where(alive, jnp.abs(c.logits - centre), jnp.inf)
     probs = jnp.where(alive, jnp.exp(c.logits - log_z), 0.0)
@@ -90,11 +90,11 @@ def typical(p: float = 1.0, min_keep: int = 0) -> Stage:
     # Tokens beyond the candidates have logits <= the last one's, so scores >= floor:
     # a cut made strictly below the floor leaves them all out.
     floor = jnp.maximum(centre - c.logits[-1], 0.0)
-    decided = c.complete | (usable & alive[-1] & found & (ranked[last] < floor))
+    decided = c.covers_row | (usable & alive[-1] & found & (ranked[last] < floor))
     return c.keep(keep | off)._replace(
       log_z_known=c.log_z_known & off,
-      complete=jnp.where(off, c.complete, decided),
-      exact=c.exact & (off | decided),
+      covers_row=jnp.where(off, c.covers_row, decided),
+      decided=c.decided & (off | decided),
     )
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
