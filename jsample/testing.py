@@ -345,16 +345,16 @@ def assert_stage_conforms(
     off = np.asarray(program(jnp.asarray(xs), fresh(sampler_4, neutral))[0])
     _close(off, plain, 1e-6, f"{stage.name}: neutral settings {neutral} are not the identity")
 
-  # -- off in every row, the stage is skipped (Stage.off): the same as applied ---------
-  if stage.off is not None:
+  # -- neutral in every row, the stage is skipped (Stage.is_neutral): the same as applied
+  if stage.is_neutral is not None:
     for values in settings:
       every_row = _per_row([values], rows)
-      if not bool(stage.off({k: jnp.asarray(v) for k, v in _row_settings(base, every_row, 0).items()})):
+      if not bool(stage.is_neutral({k: jnp.asarray(v) for k, v in _row_settings(base, every_row, 0).items()})):
         continue
       want = np.stack(
         [reference_probs(reference, xs[i], _row_settings(base, every_row, i), windows[i]) for i in range(rows)]
       )
-      run_all(every_row, want, f" with the stage off in every row ({values}) against the reference")
+      run_all(every_row, want, f" with the stage neutral in every row ({values}) against the reference")
 
   # -- half-precision rows ------------------------------------------------------------
   for dtype in (jnp.bfloat16, jnp.float16):

@@ -119,9 +119,11 @@ def from_best(
     narrow = jnp.all(_lowers(touchers, rows, vocab, strategy))
     cut_rows = functools.partial(_narrow_or_wide, narrow, cut_rows)
   skip = _skipped(stages, rows, strategy)
-  before = [off for off, stage in zip(skip, stages, strict=True) if stage.touches is not None and off is not None]
+  before = [
+    neutral for neutral, stage in zip(skip, stages, strict=True) if stage.touches is not None and neutral is not None
+  ]
   if touchers and len(before) == len(touchers):
-    # Every stage before the cut off in every row: the raw best are the candidates.
+    # Every stage before the cut neutral in every row: the raw best are the candidates.
     idle = jnp.all(jnp.stack(before))
     cut_rows = functools.partial(_unless_idle, idle, budget, vocab, cut_rows)
   chain_rows = jax.vmap(functools.partial(_chain_row, stages, vocab, strategy, skip))
@@ -222,12 +224,12 @@ def _lowers(touchers, rows: RowInputs, vocab: int, strategy: Strategy) -> jax.Ar
 
 
 def _skipped(stages: tuple[Stage, ...], rows: RowInputs, strategy: Strategy) -> list[jax.Array | None]:
-  """Per stage, whether every row has it off (:attr:`Stage.off`), a scalar the CPU strategy branches on; None
-  where it never skips the stage (no ``off``, or the accelerator strategy, which does not branch)."""
+  """Per stage, whether every row has it neutral (:attr:`Stage.is_neutral`), a scalar the CPU strategy branches
+  on; None where it never skips the stage (no ``is_neutral``, or the accelerator strategy, which does not branch)."""
   if strategy.branch_free:
     return [None] * len(stages)
   return [
-    None if stage.off is None else jnp.all(jax.vmap(lambda row, st=stage: st.off(row.settings))(rows))
+    None if stage.is_neutral is None else jnp.all(jax.vmap(lambda row, st=stage: st.is_neutral(row.settings))(rows))
     for stage in stages
   ]
 
@@ -324,7 +326,7 @@ def _ahead(logit, token, last, last_id) -> jax.Array:
 
 def _chain_row(stages, vocab: int, strategy: Strategy, skip, c: Candidates, row: RowInputs, stat) -> Candidates:
   """The ``O(K)`` rest of the candidate path, for one row; ``skip`` (unbatched) leaves out the stages every row
-  has off."""
+  has neutral."""
   index = stat_stage(stages)
   for i, stage in enumerate(stages):
     if stage.touches is None:

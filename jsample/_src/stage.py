@@ -57,7 +57,7 @@ class Setting(NamedTuple):
       checks concrete values in ``init`` and traced ones in
       :meth:`Sampler.checked` mode, so write it with operators and ``jnp``.
     allowed: the allowed range in words, for error messages.
-    neutral: the value that turns the stage off (None: no single such value).
+    neutral: the value that makes the stage neutral, the identity (None: no single such value).
     help: one line for ``--help`` texts and docs.
     shape: one row's shape: ``()`` for a scalar, ``(N,)`` for a short vector
       (logit-bias ids, say); ``init`` takes ``[N]`` for every row or ``[B, N]``.
@@ -226,8 +226,8 @@ class Stage(NamedTuple):
       draw (``logprob`` of the token under the final distribution, NaN when
       :meth:`Sampler.accept` appended it).
     inputs: names of the per-call inputs the stage reads.
-    off: ``(settings) -> bool``, optional: True where ``on_candidates`` is
-      the identity (logits and flags alike), as for a neutral setting. Where
+    is_neutral: ``(settings) -> bool``, optional: True where ``on_candidates``
+      is the identity (logits and flags alike), as for a neutral setting. Where
       every row of a batch says so, the CPU strategy skips the stage (one
       ``lax.cond``), so a stage left neutral costs nothing. A stage with
       ``touches`` needs none: touching no id (``-1``), it changes nothing.
@@ -253,7 +253,7 @@ class Stage(NamedTuple):
   init_state: Callable[[], Any] | None = None
   update: Callable[..., Any] | None = None
   inputs: tuple[str, ...] = ()
-  off: Callable[[Settings], jax.Array] | None = None
+  is_neutral: Callable[[Settings], jax.Array] | None = None
 
 
 def elementwise(
@@ -261,7 +261,7 @@ def elementwise(
   settings: tuple[Setting, ...],
   rule: Callable[[jax.Array, jax.Array, jax.Array, Settings, Context], jax.Array],
   *,
-  off: Callable[[Settings], jax.Array] | None = None,
+  is_neutral: Callable[[Settings], jax.Array] | None = None,
   settles: Callable[[Candidates, Candidates, Settings], jax.Array] | None = None,
   keeps_best: Callable[[Settings], jax.Array] | None = None,
 ) -> Stage:
@@ -275,8 +275,8 @@ def elementwise(
       It may remove tokens (``-inf``) and lower or raise logits, but must keep
       the order of any two tokens it keeps (a monotone map, or removal), so
       that tokens outside the candidates stay below them.
-    off: optional ``settings -> bool``, True where the rule is the identity
-      (the full path then skips its pass over the row).
+    is_neutral: optional ``settings -> bool``, True where the rule is the
+      identity (the full path then skips its pass over the row).
     settles: optional ``(before, after, settings) -> bool``: True where no
       token outside the candidates survives the rule (min-p's threshold above
       the last candidate, say).
@@ -302,7 +302,7 @@ def elementwise(
     alive = c.logits > -jnp.inf
     best = jnp.max(c.logits)
     after = c._replace(logits=jnp.where(alive, rule(c.logits, c.ids, best, s, ctx), -jnp.inf))
-    identity = jnp.bool_(False) if off is None else off(s)
+    identity = jnp.bool_(False) if is_neutral is None else is_neutral(s)
     settled = c.covers_row | (jnp.bool_(False) if settles is None else settles(c, after, s))
     # A rule that emptied the candidates says nothing of the tokens beyond them.
     emptied = ~jnp.any(after.logits > -jnp.inf) & jnp.any(alive) & ~settled
@@ -318,9 +318,9 @@ def elementwise(
       alive = logits > -jnp.inf
       return jnp.where(alive, rule(logits, ctx.ids(logits.shape[0]), jnp.max(logits), s, ctx), -jnp.inf)
 
-    return apply() if off is None else lax.cond(~off(s), apply, lambda: logits)
+    return apply() if is_neutral is None else lax.cond(~is_neutral(s), apply, lambda: logits)
 
-  return Stage(name, settings, on_candidates, on_row, keeps_best=keeps_best, off=off)
+  return Stage(name, settings, on_candidates, on_row, keeps_best=keeps_best, is_neutral=is_neutral)
 
 
 def survivor_rank(logits: jax.Array) -> jax.Array:

@@ -68,10 +68,10 @@ def allowed_tokens(ids: Sequence[int] = (), *, size: int = 64) -> Stage:
 
     return lax.cond(jnp.any(allowed >= 0), keep, lambda: logits)
 
-  def off(s: Settings) -> jax.Array:
+  def is_neutral(s: Settings) -> jax.Array:
     return jnp.all(s["allowed_token_ids"] < 0)
 
-  return Stage("allowed_tokens", (setting,), on_candidates, on_row, touches=touches, off=off)
+  return Stage("allowed_tokens", (setting,), on_candidates, on_row, touches=touches, is_neutral=is_neutral)
 
 
 def banned_tokens(ids: Sequence[int] = (), *, size: int = 16) -> Stage:
@@ -95,5 +95,8 @@ def banned_tokens(ids: Sequence[int] = (), *, size: int = 16) -> Stage:
   """
   setting = id_list("banned_token_ids", ids, size, "token ids never to draw (-1 pads the list)")
   return ban_stage(
-    "banned_tokens", (setting,), lambda s, ctx: s["banned_token_ids"], off=lambda s: jnp.all(s["banned_token_ids"] < 0)
+    "banned_tokens",
+    (setting,),
+    lambda s, ctx: s["banned_token_ids"],
+    is_neutral=lambda s: jnp.all(s["banned_token_ids"] < 0),
   )

@@ -91,5 +91,5 @@ def top_n_sigma(n: float = -1.0) -> Stage:
     on_row,
     row_stat=row_stat,
     keeps_best=lambda s: jnp.bool_(True),
-    off=lambda s: ~(s["top_n_sigma"] > 0),
+    is_neutral=lambda s: ~(s["top_n_sigma"] > 0),
   )

@@ -197,7 +197,7 @@ def min_p(p: float = 0.05, min_keep: int = 0) -> Stage:
     # removed it (a survivor before), it removed them too.
     return (before.logits[-1] > -jnp.inf) & (after.logits[-1] == -jnp.inf)
 
-  threshold = elementwise("min_p", (setting,), rule, off=lambda s: ~(s["min_p"] > 0), settles=settles)
+  threshold = elementwise("min_p", (setting,), rule, is_neutral=lambda s: ~(s["min_p"] > 0), settles=settles)
 
   def on_candidates(c: Candidates, s: Settings, ctx: Context) -> Candidates:
     after = threshold.on_candidates(c, s, ctx)

@@ -121,5 +121,5 @@ def typical(p: float = 1.0, min_keep: int = 0) -> Stage:
     on_row,
     keeps_best=lambda s: ~(s["typical_p"] < 1),  # on, it may drop the most likely token
     row_stat=row_stat,
-    off=lambda s: ~(s["typical_p"] < 1),
+    is_neutral=lambda s: ~(s["typical_p"] < 1),
   )
