@@ -158,19 +158,21 @@ def _read_row(raw: jax.Array, mask, ids: jax.Array) -> jax.Array:
 def greedy(stages: tuple[Stage, ...], rows: RowInputs, vocab: int, strategy: Strategy) -> jax.Array | None:
   """``[B]`` the rows whose token is the best of the cleaned row, or None where no stage can say so.
 
-  That is a row where one stage keeps only its best token (temperature 0),
-  every stage after the cut keeps the best, and the stages before the cut
-  touch no id.
+  That is a row where one stage keeps only its best token
+  (:attr:`Stage.only_best`: temperature 0), every stage after the cut is
+  argmax-invariant (:attr:`Stage.argmax_invariant`: it keeps the best token
+  and lifts none above it), and the stages before the cut touch no id: the
+  rows a greedy shortcut applies to.
   """
   after = tuple(stage for stage in stages if stage.touches is None)
-  if not any(stage.greedy for stage in after) or not all(stage.keeps_best for stage in after):
+  if not any(stage.only_best for stage in after) or not all(stage.argmax_invariant for stage in after):
     return None
   touchers = tuple(stage for stage in stages if stage.touches is not None)
   touched = _touched(touchers, rows, vocab, strategy)
 
   def one(row):
-    said = [stage.greedy(row.settings) for stage in after if stage.greedy is not None]
-    kept = [stage.keeps_best(row.settings) for stage in after if stage.keeps_best is not None]
+    said = [stage.only_best(row.settings) for stage in after if stage.only_best is not None]
+    kept = [stage.argmax_invariant(row.settings) for stage in after if stage.argmax_invariant is not None]
     return jnp.any(jnp.stack(said)) & jnp.all(jnp.stack(kept))
 
   return jax.vmap(one)(rows) & jnp.all((touched < 0) | (touched >= vocab), axis=1)

@@ -211,13 +211,14 @@ class Stage(NamedTuple):
       where the stage never raises a logit it touches (penalties with
       weights that only penalise); where every row says so, the CPU cut
       skips the touched ids beyond the raw best.
-    greedy: ``(settings) -> bool``, optional: True where the stage keeps only
-      the best token it is given (temperature 0, top-k 1).
-    keeps_best: ``(settings) -> bool``, optional: True where the stage keeps
-      the best token it is given and lifts no other above it (a truncation, a
-      temperature). Where one stage is greedy and every stage after the cut
-      keeps the best, the row's token is the best of the cut, and a batch of
-      such rows takes one argmax-like pass (no stage missing this is assumed to).
+    only_best: ``(settings) -> bool``, optional: True where the stage keeps
+      only the best token it is given (temperature 0, top-k 1).
+    argmax_invariant: ``(settings) -> bool``, optional: True where the stage
+      keeps the best token it is given and lifts no other above it (a
+      truncation, a temperature; vLLM's term). Where one stage keeps only the
+      best and every stage after the cut is argmax-invariant, the row's token
+      is the best of the cut, and a batch of such rows takes one argmax-like
+      pass (no stage missing this is assumed to be argmax-invariant).
     row_stat: ``(row [V], settings, Context) -> []``, a statistic of the
       cleaned row as the cut gives it, passed to ``on_candidates`` as
       ``Context.stat``.
@@ -247,8 +248,8 @@ class Stage(NamedTuple):
   on_row: OnRow
   touches: Callable[[Settings, Context], jax.Array] | None = None
   lowers: Callable[[Settings, Context], jax.Array] | None = None
-  greedy: Callable[[Settings], jax.Array] | None = None
-  keeps_best: Callable[[Settings], jax.Array] | None = None
+  only_best: Callable[[Settings], jax.Array] | None = None
+  argmax_invariant: Callable[[Settings], jax.Array] | None = None
   row_stat: Callable[[jax.Array, Settings, Context], jax.Array] | None = None
   init_state: Callable[[], Any] | None = None
   update: Callable[..., Any] | None = None
@@ -263,7 +264,7 @@ def elementwise(
   *,
   is_neutral: Callable[[Settings], jax.Array] | None = None,
   settles: Callable[[Candidates, Candidates, Settings], jax.Array] | None = None,
-  keeps_best: Callable[[Settings], jax.Array] | None = None,
+  argmax_invariant: Callable[[Settings], jax.Array] | None = None,
 ) -> Stage:
   """A stage from one elementwise rule, applied alike to candidates and to a row.
 
@@ -280,8 +281,8 @@ def elementwise(
     settles: optional ``(before, after, settings) -> bool``: True where no
       token outside the candidates survives the rule (min-p's threshold above
       the last candidate, say).
-    keeps_best: optional ``settings -> bool``, True where the rule keeps the
-      best token (see :attr:`Stage.keeps_best`).
+    argmax_invariant: optional ``settings -> bool``, True where the rule keeps
+      the best token (see :attr:`Stage.argmax_invariant`).
 
   Returns:
     A :class:`Stage`. Where the rule changed something and the candidates do
@@ -320,7 +321,7 @@ def elementwise(
 
     return apply() if is_neutral is None else lax.cond(~is_neutral(s), apply, lambda: logits)
 
-  return Stage(name, settings, on_candidates, on_row, keeps_best=keeps_best, is_neutral=is_neutral)
+  return Stage(name, settings, on_candidates, on_row, argmax_invariant=argmax_invariant, is_neutral=is_neutral)
 
 
 def survivor_rank(logits: jax.Array) -> jax.Array:

@@ -92,7 +92,7 @@ def floor_stage(name: str, setting: Setting, min_keep: int, log_floor, row_stat=
     (setting, min_keep_setting(min_keep)),
     on_candidates,
     on_row,
-    keeps_best=lambda s: jnp.bool_(True),  # the best token always reaches the min_keep-th best
+    argmax_invariant=lambda s: jnp.bool_(True),  # the best token always reaches the min_keep-th best
     row_stat=row_stat,
   )
 

@@ -191,6 +191,6 @@ def mirostat(version: int = 0, tau: float = 5.0, eta: float = 0.1) -> Stage:
     on_row,
     init_state=lambda: jnp.float32(jnp.nan),
     update=update,
-    keeps_best=lambda s: jnp.bool_(True),  # v1 keeps k >= 1 best, v2 the best always
+    argmax_invariant=lambda s: jnp.bool_(True),  # v1 keeps k >= 1 best, v2 the best always
     is_neutral=lambda s: s["mirostat"] == 0,
   )

@@ -148,6 +148,6 @@ def temperature(t: float = 0.8, dynatemp_range: float = 0.0, dynatemp_exponent: 
     on_row,
     row_stat=row_stat,
     # A dynamic t is max(0, t - r) + ... > 0 unless the entropy is 0: t <= 0 is greedy only without it.
-    greedy=lambda s: (s["temperature"] <= 0) & ~(s["dynatemp_range"] > 0),
-    keeps_best=lambda s: jnp.bool_(True),
+    only_best=lambda s: (s["temperature"] <= 0) & ~(s["dynatemp_range"] > 0),
+    argmax_invariant=lambda s: jnp.bool_(True),
   )

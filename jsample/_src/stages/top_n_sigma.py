@@ -90,6 +90,6 @@ def top_n_sigma(n: float = -1.0) -> Stage:
     on_candidates,
     on_row,
     row_stat=row_stat,
-    keeps_best=lambda s: jnp.bool_(True),
+    argmax_invariant=lambda s: jnp.bool_(True),
     is_neutral=lambda s: ~(s["top_n_sigma"] > 0),
   )

@@ -15,7 +15,7 @@ from jsample._src.stages._min_keep import min_keep_setting
 
 
 def _always(s: Settings) -> jax.Array:
-  """A :attr:`Stage.keeps_best` for truncations, which never drop the best token."""
+  """A :attr:`Stage.argmax_invariant` for truncations, which never drop the best token."""
   return jnp.bool_(True)
 
 
@@ -67,7 +67,9 @@ def top_k(k: int = 40) -> Stage:
 
     return lax.cond(k < ctx.vocab, cut, lambda: logits)  # the search costs ~50 passes: skip it when off
 
-  return Stage("top_k", (setting,), on_candidates, on_row, greedy=lambda s: s["top_k"] == 1, keeps_best=_always)
+  return Stage(
+    "top_k", (setting,), on_candidates, on_row, only_best=lambda s: s["top_k"] == 1, argmax_invariant=_always
+  )
 
 
 def _cut_row(logits: jax.Array, on: jax.Array, least: jax.Array, keep, ctx: Context) -> jax.Array:
@@ -147,7 +149,7 @@ def top_p(p: float = 0.95, min_keep: int = 0) -> Stage:
     keep = lambda: shortest_prefix(logits, jnp.exp(logits - logsumexp(logits)), p)  # noqa: E731
     return _cut_row(logits, p < 1, s["min_keep"], keep, ctx)
 
-  return Stage("top_p", (setting, min_keep_setting(min_keep)), on_candidates, on_row, keeps_best=_always)
+  return Stage("top_p", (setting, min_keep_setting(min_keep)), on_candidates, on_row, argmax_invariant=_always)
 
 
 def min_p(p: float = 0.05, min_keep: int = 0) -> Stage:
@@ -212,4 +214,4 @@ def min_p(p: float = 0.05, min_keep: int = 0) -> Stage:
     keep = lambda: rule(logits, ctx.ids(logits.shape[0]), jnp.max(logits), s, ctx) > -jnp.inf  # noqa: E731
     return _cut_row(logits, s["min_p"] > 0, s["min_keep"], keep, ctx)
 
-  return Stage("min_p", (setting, min_keep_setting(min_keep)), on_candidates, on_row, keeps_best=_always)
+  return Stage("min_p", (setting, min_keep_setting(min_keep)), on_candidates, on_row, argmax_invariant=_always)

@@ -119,7 +119,7 @@ def typical(p: float = 1.0, min_keep: int = 0) -> Stage:
     (setting, min_keep_setting(min_keep)),
     on_candidates,
     on_row,
-    keeps_best=lambda s: ~(s["typical_p"] < 1),  # on, it may drop the most likely token
+    argmax_invariant=lambda s: ~(s["typical_p"] < 1),  # on, it may drop the most likely token
     row_stat=row_stat,
     is_neutral=lambda s: ~(s["typical_p"] < 1),
   )

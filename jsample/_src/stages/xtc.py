@@ -115,7 +115,7 @@ def xtc(probability: float = 0.0, threshold: float = 0.1, min_keep: int = 0) -> 
 
     return lax.cond(acts(s, ctx), cut, lambda: logits)
 
-  def keeps_best(s: Settings) -> jax.Array:
+  def argmax_invariant(s: Settings) -> jax.Array:
     return ~(s["xtc_probability"] > 0) | (s["xtc_threshold"] > 0.5)  # on, it removes the best when its coin says so
 
-  return Stage("xtc", settings, on_candidates, on_row, keeps_best=keeps_best, is_neutral=keeps_best)
+  return Stage("xtc", settings, on_candidates, on_row, argmax_invariant=argmax_invariant, is_neutral=argmax_invariant)
