@@ -38,7 +38,7 @@ class RowInputs(NamedTuple):
   stages: dict[str, Any]
 
 
-def context(stage: Stage, row: RowInputs, vocab: int, strategy: Strategy, stat=None) -> Context:
+def context(stage: Stage, row: RowInputs, vocab: int, strategy: Strategy, statistic=None) -> Context:
   """The :class:`Context` one stage sees for one (unbatched) row."""
   return Context(
     window=row.window,
@@ -47,15 +47,15 @@ def context(stage: Stage, row: RowInputs, vocab: int, strategy: Strategy, stat=N
     bits=row.bits,
     inputs={name: row.inputs[name] for name in stage.inputs},
     state=row.stages.get(stage.name),
-    stat=stat,
+    row_statistic=statistic,
     branch_free=strategy.branch_free,
   )
 
 
-def stat_stage(stages: tuple[Stage, ...]) -> int | None:
+def statistic_stage(stages: tuple[Stage, ...]) -> int | None:
   """The index of the stage whose row statistic is computed: the first that
   declares one (a later one would need the row as changed by that stage)."""
-  return next((i for i, stage in enumerate(stages) if stage.row_stat is not None), None)
+  return next((i for i, stage in enumerate(stages) if stage.row_statistic is not None), None)
 
 
 def candidates(stages: tuple[Stage, ...], budget: int, raw: jax.Array, mask, rows: RowInputs, strategy: Strategy):
@@ -132,21 +132,21 @@ def from_best(
   known = jnp.ones(top.shape, bool)
   cut_once = cut_rows(a, b, logits, ids, touched, rows, jnp.zeros(top.shape, jnp.float32), known)
 
-  def run(c: Candidates, stat) -> tuple[Candidates, jax.Array]:
-    c = chain_rows(c, rows, stat)
+  def run(c: Candidates, statistic) -> tuple[Candidates, jax.Array]:
+    c = chain_rows(c, rows, statistic)
     return c, c.decided & c.covers_row
 
   def refine():
     with_z = cut_once._replace(log_z=log_normalisers())
     c, ok = run(with_z, None)
-    if stat_stage(stages) is None or statistic is None:
+    if statistic_stage(stages) is None or statistic is None:
       return c, ok
 
-    def with_stat():  # a second pass over V: only where the log-normaliser did not settle a row
+    def with_statistic():  # a second pass over V: only where the log-normaliser did not settle a row
       later, better = run(with_z, statistic())
       return select(ok, c, later), ok | better
 
-    return with_stat() if strategy.branch_free else jax.lax.cond(jnp.all(ok), lambda: (c, ok), with_stat)
+    return with_statistic() if strategy.branch_free else jax.lax.cond(jnp.all(ok), lambda: (c, ok), with_statistic)
 
   return run(cut_once._replace(log_z_known=~known), None), refine
 
@@ -187,14 +187,14 @@ def best(raw: jax.Array, mask, strategy: Strategy) -> Candidates:
 
 def row_statistic(stages, raw, mask, rows: RowInputs, strategy: Strategy) -> jax.Array:
   """The row statistic ``[B]`` of the first stage that declares one, over the cleaned rows."""
-  index = stat_stage(stages)
+  index = statistic_stage(stages)
   assert index is not None
   stage = stages[index]
   vocab = raw.shape[-1]
 
   def one(r, m, row):
     x = cut.clean_row(r, m, branch_free=strategy.branch_free)
-    return jnp.asarray(stage.row_stat(x, row.settings, context(stage, row, vocab, strategy)), jnp.float32)
+    return jnp.asarray(stage.row_statistic(x, row.settings, context(stage, row, vocab, strategy)), jnp.float32)
 
   if strategy.branch_free or not raw.shape[0]:
     return jax.vmap(one)(raw, mask, rows)
@@ -326,13 +326,13 @@ def _ahead(logit, token, last, last_id) -> jax.Array:
   return (logit > last) | ((logit == last) & (token <= last_id))
 
 
-def _chain_row(stages, vocab: int, strategy: Strategy, skip, c: Candidates, row: RowInputs, stat) -> Candidates:
+def _chain_row(stages, vocab: int, strategy: Strategy, skip, c: Candidates, row: RowInputs, statistic) -> Candidates:
   """The ``O(K)`` rest of the candidate path, for one row; ``skip`` (unbatched) leaves out the stages every row
   has neutral."""
-  index = stat_stage(stages)
+  index = statistic_stage(stages)
   for i, stage in enumerate(stages):
     if stage.touches is None:
-      ctx = context(stage, row, vocab, strategy, stat if i == index else None)
+      ctx = context(stage, row, vocab, strategy, statistic if i == index else None)
       apply = functools.partial(lambda c, stage, ctx: stage.on_candidates(c, row.settings, ctx), stage=stage, ctx=ctx)
       c = apply(c) if skip[i] is None else jax.lax.cond(skip[i], lambda c: c, apply, c)
   return c

@@ -20,9 +20,9 @@ declare:
   ids beside the ``K`` best, so any change to them, up or down, stays exact;
   a stage that declares ``lowers`` only ever lowers them (DRY), and its ids
   need not join the cut: a lowered token outside it cannot rise into it;
-- ``row_stat``: a statistic of the row as the cut gives it (temperature: the
-  log-normaliser of the tempered row), computed in a batched pass over ``V``
-  when some row needs it and passed in as ``Context.stat``;
+- ``row_statistic``: a statistic of the row as the cut gives it (temperature:
+  the log-normaliser of the tempered row), computed in a batched pass over
+  ``V`` when some row needs it and passed in as ``Context.row_statistic``;
 - ``init_state`` and ``update``: per-row state of its own (mirostat's ``mu``),
   kept in ``SamplerState.stages[name]`` and updated after every draw and by
   :meth:`Sampler.accept`;
@@ -96,7 +96,7 @@ class Context(NamedTuple):
       use :meth:`uniform` for a stage's own randomness.
     inputs: the per-call inputs the stage declared, for this row.
     state: the stage's own state for this row (None without ``init_state``).
-    stat: the stage's row statistic (on candidates), or None where it is not
+    row_statistic: the stage's row statistic (on candidates), or None where it is not
       computed (the first pass, or the stage declared none). It describes the
       row as the cut gave it, so it holds for the row the stage sees only where
       ``Candidates.log_z_known`` does; only the first stage that declares a
@@ -119,7 +119,7 @@ class Context(NamedTuple):
   bits: Any = None
   inputs: dict[str, jax.Array] = {}
   state: Any = None
-  stat: Any = None
+  row_statistic: Any = None
   branch_free: bool = False
 
   def ids(self, width: int) -> jax.Array:
@@ -219,9 +219,9 @@ class Stage(NamedTuple):
       best and every stage after the cut is argmax-invariant, the row's token
       is the best of the cut, and a batch of such rows takes one argmax-like
       pass (no stage missing this is assumed to be argmax-invariant).
-    row_stat: ``(row [V], settings, Context) -> []``, a statistic of the
-      cleaned row as the cut gives it, passed to ``on_candidates`` as
-      ``Context.stat``.
+    row_statistic: ``(row [V], settings, Context) -> []``, a statistic of
+      the cleaned row as the cut gives it, passed to ``on_candidates`` as
+      ``Context.row_statistic``.
     init_state: ``() -> pytree``, one row's initial state.
     update: ``(state, token, logprob, settings, Context) -> state``, after a
       draw (``logprob`` of the token under the final distribution, NaN when
@@ -250,7 +250,7 @@ class Stage(NamedTuple):
   lowers: Callable[[Settings, Context], jax.Array] | None = None
   only_best: Callable[[Settings], jax.Array] | None = None
   argmax_invariant: Callable[[Settings], jax.Array] | None = None
-  row_stat: Callable[[jax.Array, Settings, Context], jax.Array] | None = None
+  row_statistic: Callable[[jax.Array, Settings, Context], jax.Array] | None = None
   init_state: Callable[[], Any] | None = None
   update: Callable[..., Any] | None = None
   inputs: tuple[str, ...] = ()

@@ -43,7 +43,7 @@ def row_kth(logits: jax.Array, least: jax.Array, ctx: Context) -> jax.Array:
   return lax.cond(least > 1, search, lambda: jnp.max(logits))
 
 
-def floor_stage(name: str, setting: Setting, min_keep: int, log_floor, row_stat=None) -> Stage:
+def floor_stage(name: str, setting: Setting, min_keep: int, log_floor, row_statistic=None) -> Stage:
   """A stage that removes tokens with ``logit - log_z < log_floor(settings, H)`` unless among the ``min_keep`` best.
 
   Args:
@@ -51,19 +51,19 @@ def floor_stage(name: str, setting: Setting, min_keep: int, log_floor, row_stat=
     setting: its cutoff, 0 off.
     min_keep: the default of the shared ``min_keep``.
     log_floor: ``(settings, entropy or None) -> log of the probability floor``.
-    row_stat: the stage's :attr:`Stage.row_stat`, when the floor needs the
+    row_statistic: the stage's :attr:`Stage.row_statistic`, when the floor needs the
       row's entropy (eta); None when it does not (epsilon).
   """
   cut = setting.name
-  wants_entropy = row_stat is not None
+  wants_entropy = row_statistic is not None
 
   def on_candidates(c: Candidates, s: Settings, ctx: Context) -> Candidates:
     off = ~(s[cut] > 0)
     log_z, known = c.log_normaliser()
     if wants_entropy:
-      stat = jnp.float32(jnp.nan) if ctx.stat is None else ctx.stat
-      h = jnp.where(c.covers_row, entropy(c.logits, log_z), stat)
-      known = c.covers_row | (c.log_z_known & (ctx.stat is not None))
+      statistic = jnp.float32(jnp.nan) if ctx.row_statistic is None else ctx.row_statistic
+      h = jnp.where(c.covers_row, entropy(c.logits, log_z), statistic)
+      known = c.covers_row | (c.log_z_known & (ctx.row_statistic is not None))
       floor = log_floor(s, h)
     else:
       floor = log_floor(s, None)
@@ -93,7 +93,7 @@ def floor_stage(name: str, setting: Setting, min_keep: int, log_floor, row_stat=
     on_candidates,
     on_row,
     argmax_invariant=lambda s: jnp.bool_(True),  # the best token always reaches the min_keep-th best
-    row_stat=row_stat,
+    row_statistic=row_statistic,
   )
 
 
@@ -162,7 +162,7 @@ def eta(cutoff: float = 0.0, min_keep: int = 0) -> Stage:
     e = s["eta_cutoff"]
     return jnp.log(jnp.minimum(e, jnp.sqrt(e) * jnp.exp(-h)))
 
-  def row_stat(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
+  def row_statistic(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
     return lax.cond(s["eta_cutoff"] > 0, lambda: entropy(logits, logsumexp(logits)), lambda: jnp.float32(0))
 
-  return floor_stage("eta", setting, min_keep, log_floor, row_stat=row_stat)
+  return floor_stage("eta", setting, min_keep, log_floor, row_statistic=row_statistic)

@@ -104,7 +104,7 @@ def temperature(t: float = 0.8, dynatemp_range: float = 0.0, dynatemp_exponent: 
     ),
   )
 
-  def row_stat(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
+  def row_statistic(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
     t = s["temperature"]
     # Only a fixed 0 < t != 1 needs it (t == 1 shifts a known normaliser; greedy covers the row;
     # a dynamic t needs candidates that cover the row): skip the pass otherwise.
@@ -122,11 +122,11 @@ def temperature(t: float = 0.8, dynatemp_range: float = 0.0, dynatemp_exponent: 
     # t == 1 only shifts the row, so a known log-normaliser shifts with it; any
     # other fixed t takes the row statistic, which describes the row as the cut
     # gave it: that is this row where the log-normaliser is known. Greedy covers the row.
-    stat = jnp.float32(jnp.nan) if ctx.stat is None else ctx.stat
+    statistic = jnp.float32(jnp.nan) if ctx.row_statistic is None else ctx.row_statistic
     return c._replace(
       logits=jnp.where(t > 0, _scale(c.logits, best, t), _scale(greedy, best, t)),
-      log_z=jnp.where(t == 1, c.log_z - jnp.where(best > -jnp.inf, best, 0.0), stat),
-      log_z_known=c.log_z_known & ~dynamic & ((t == 1) | (ctx.stat is not None)),
+      log_z=jnp.where(t == 1, c.log_z - jnp.where(best > -jnp.inf, best, 0.0), statistic),
+      log_z_known=c.log_z_known & ~dynamic & ((t == 1) | (ctx.row_statistic is not None)),
       covers_row=c.covers_row | (t <= 0),
       decided=c.decided & (~dynamic | c.covers_row),
     )
@@ -146,7 +146,7 @@ def temperature(t: float = 0.8, dynatemp_range: float = 0.0, dynatemp_exponent: 
     settings,
     on_candidates,
     on_row,
-    row_stat=row_stat,
+    row_statistic=row_statistic,
     # A dynamic t is max(0, t - r) + ... > 0 unless the entropy is 0: t <= 0 is greedy only without it.
     only_best=lambda s: (s["temperature"] <= 0) & ~(s["dynatemp_range"] > 0),
     argmax_invariant=lambda s: jnp.bool_(True),
