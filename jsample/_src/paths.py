@@ -44,7 +44,7 @@ def context(stage: Stage, row: RowInputs, vocab: int, strategy: Strategy, statis
     window=row.window,
     position=row.position,
     vocab=vocab,
-    bits=row.bits,
+    step_bits=row.bits,
     inputs={name: row.inputs[name] for name in stage.inputs},
     state=row.stages.get(stage.name),
     row_statistic=statistic,

@@ -92,7 +92,7 @@ class Context(NamedTuple):
     vocab: ``V``, the size of the vocabulary (static).
     offset: the token id of the row's first entry: ``on_row`` sees tokens
       ``offset .. offset + width - 1`` (0 unless the vocabulary is sharded).
-    bits: ``[2]`` uint32, the row's step bits (``fold_in(key, position)``);
+    step_bits: ``[2]`` uint32, the row's step bits (``fold_in(key, position)``);
       use :meth:`uniform` for a stage's own randomness.
     inputs: the per-call inputs the stage declared, for this row.
     state: the stage's own state for this row (None without ``init_state``).
@@ -116,7 +116,7 @@ class Context(NamedTuple):
   position: jax.Array
   vocab: int
   offset: Any = 0
-  bits: Any = None
+  step_bits: Any = None
   inputs: dict[str, jax.Array] = {}
   state: Any = None
   row_statistic: Any = None
@@ -132,7 +132,7 @@ class Context(NamedTuple):
     Stages that need a coin (XTC) use their own salt, so that their coin never
     repeats the noise of the draw.
     """
-    return noise.uniform(self.bits, jnp.asarray([-1 - salt], jnp.int32))[0]
+    return noise.uniform(self.step_bits, jnp.asarray([-1 - salt], jnp.int32))[0]
 
 
 class Candidates(NamedTuple):
