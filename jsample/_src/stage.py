@@ -263,7 +263,7 @@ def elementwise(
   rule: Callable[[jax.Array, jax.Array, jax.Array, Settings, Context], jax.Array],
   *,
   is_neutral: Callable[[Settings], jax.Array] | None = None,
-  settles: Callable[[Candidates, Candidates, Settings], jax.Array] | None = None,
+  covers_row: Callable[[Candidates, Candidates, Settings], jax.Array] | None = None,
   argmax_invariant: Callable[[Settings], jax.Array] | None = None,
 ) -> Stage:
   """A stage from one elementwise rule, applied alike to candidates and to a row.
@@ -278,9 +278,9 @@ def elementwise(
       that tokens outside the candidates stay below them.
     is_neutral: optional ``settings -> bool``, True where the rule is the
       identity (the full path then skips its pass over the row).
-    settles: optional ``(before, after, settings) -> bool``: True where no
-      token outside the candidates survives the rule (min-p's threshold above
-      the last candidate, say).
+    covers_row: optional ``(before, after, settings) -> bool``: True where no
+      token outside the candidates survives the rule, so that the candidates
+      cover the row (min-p's threshold above the last candidate, say).
     argmax_invariant: optional ``settings -> bool``, True where the rule keeps
       the best token (see :attr:`Stage.argmax_invariant`).
 
@@ -304,13 +304,13 @@ def elementwise(
     best = jnp.max(c.logits)
     after = c._replace(logits=jnp.where(alive, rule(c.logits, c.ids, best, s, ctx), -jnp.inf))
     identity = jnp.bool_(False) if is_neutral is None else is_neutral(s)
-    settled = c.covers_row | (jnp.bool_(False) if settles is None else settles(c, after, s))
+    covers = c.covers_row | (jnp.bool_(False) if covers_row is None else covers_row(c, after, s))
     # A rule that emptied the candidates says nothing of the tokens beyond them.
-    emptied = ~jnp.any(after.logits > -jnp.inf) & jnp.any(alive) & ~settled
+    emptied = ~jnp.any(after.logits > -jnp.inf) & jnp.any(alive) & ~covers
     return after._replace(
       logits=jnp.where(identity, c.logits, after.logits),
       log_z_known=c.log_z_known & identity,
-      covers_row=jnp.where(identity, c.covers_row, settled),
+      covers_row=jnp.where(identity, c.covers_row, covers),
       decided=c.decided & (identity | ~emptied),
     )
 

@@ -161,5 +161,5 @@ def race_row(logits: jax.Array, step_bits: jax.Array, groups_read: int = 128):
   (read,) = jnp.nonzero(contenders, size=groups_read, fill_value=0)  # repeats of group 0 change nothing
   read_ids = (read[:, None] * GROUP + jnp.arange(GROUP, dtype=jnp.int32)[None, :]).reshape(-1)
   token, valid = race(padded[read].reshape(-1), read_ids, step_bits)
-  settled = (jnp.sum(contenders) <= groups_read) & (floor > -jnp.inf)
-  return lax.cond(settled, lambda: (token, valid), lambda: race(logits, ids, step_bits))
+  read_all_contenders = (jnp.sum(contenders) <= groups_read) & (floor > -jnp.inf)
+  return lax.cond(read_all_contenders, lambda: (token, valid), lambda: race(logits, ids, step_bits))

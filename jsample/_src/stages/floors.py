@@ -71,11 +71,11 @@ def floor_stage(name: str, setting: Setting, min_keep: int, log_floor, row_stati
     keep = (c.logits - log_z >= floor) | (c.logits >= top)
     # Tokens beyond the candidates rank at or below the last one: if it falls, so do they.
     last_out = (c.logits[-1] - log_z < floor) & (c.logits[-1] < top)
-    done = c.covers_row | (known & top_known & last_out)
+    covers = c.covers_row | (known & top_known & last_out)
     return c.keep(keep | off)._replace(
-      covers_row=jnp.where(off, c.covers_row, done),
+      covers_row=jnp.where(off, c.covers_row, covers),
       log_z_known=c.log_z_known & off,  # removing tokens changes the row's normaliser
-      decided=c.decided & (off | (known & top_known & done)),
+      decided=c.decided & (off | (known & top_known & covers)),
     )
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:

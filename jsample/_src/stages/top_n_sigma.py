@@ -68,11 +68,11 @@ def top_n_sigma(n: float = -1.0) -> Stage:
     alive = c.logits > -jnp.inf
     kept = c.keep(c.logits >= jnp.max(c.logits) - n * sigma)
     # Tokens beyond the candidates rank below the last one: if it fell, so did they.
-    settled = c.covers_row | (alive[-1] & (kept.logits[-1] == -jnp.inf))
+    covers = c.covers_row | (alive[-1] & (kept.logits[-1] == -jnp.inf))
     return c._replace(
       logits=jnp.where(off, c.logits, kept.logits),
       log_z_known=c.log_z_known & off,
-      covers_row=jnp.where(off, c.covers_row, settled),
+      covers_row=jnp.where(off, c.covers_row, covers),
       decided=c.decided & (off | usable),
     )
 

@@ -137,7 +137,7 @@ def top_p(p: float = 0.95, min_keep: int = 0) -> Stage:
     index = jnp.arange(c.ids.shape[0])
     # Not reached within the candidates (the mass, or min_keep tokens): all
     # of them survive, and so may tokens beyond; a later stage (min-p) may
-    # still settle the row.
+    # still make them cover the row.
     cut = c.keep(off | ~found | (index <= crossing))
     return cut._replace(
       covers_row=c.covers_row | (found & ~off),
@@ -194,12 +194,12 @@ def min_p(p: float = 0.05, min_keep: int = 0) -> Stage:
     p = jnp.minimum(s["min_p"], 1.0)  # above 1 not even the best would survive
     return jnp.where(logits >= best + jnp.log(jnp.maximum(p, 1e-38)), logits, -jnp.inf)
 
-  def settles(before: Candidates, after: Candidates, s: Settings) -> jax.Array:
+  def covers_row(before: Candidates, after: Candidates, s: Settings) -> jax.Array:
     # Tokens outside the candidates rank below the last one: if the threshold
     # removed it (a survivor before), it removed them too.
     return (before.logits[-1] > -jnp.inf) & (after.logits[-1] == -jnp.inf)
 
-  threshold = elementwise("min_p", (setting,), rule, is_neutral=lambda s: ~(s["min_p"] > 0), settles=settles)
+  threshold = elementwise("min_p", (setting,), rule, is_neutral=lambda s: ~(s["min_p"] > 0), covers_row=covers_row)
 
   def on_candidates(c: Candidates, s: Settings, ctx: Context) -> Candidates:
     after = threshold.on_candidates(c, s, ctx)

@@ -90,11 +90,11 @@ def typical(p: float = 1.0, min_keep: int = 0) -> Stage:
     # Tokens beyond the candidates have logits <= the last one's, so scores >= floor:
     # a cut made strictly below the floor leaves them all out.
     floor = jnp.maximum(centre - c.logits[-1], 0.0)
-    decided = c.covers_row | (usable & alive[-1] & found & (ranked[last] < floor))
+    covers = c.covers_row | (usable & alive[-1] & found & (ranked[last] < floor))
     return c.keep(keep | off)._replace(
       log_z_known=c.log_z_known & off,
-      covers_row=jnp.where(off, c.covers_row, decided),
-      decided=c.decided & (off | decided),
+      covers_row=jnp.where(off, c.covers_row, covers),
+      decided=c.decided & (off | covers),
     )
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
