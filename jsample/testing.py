@@ -15,7 +15,7 @@ promises, against a float64 reference function of your own:
 
 It needs jax and numpy only, so a stage written outside the library can be
 checked in its own test suite. :func:`full_path_probs`, :func:`full_path_tokens` and
-:func:`decided_on_candidates` expose the two paths for tests of your own.
+:func:`settled_on_candidates` expose the two paths for tests of your own.
 """
 
 import math
@@ -101,14 +101,15 @@ def candidate_path(sampler: Sampler, logits, state, mask=None, *, statistics: bo
   return jax.tree.map(lambda a: a[0], (drawn, ok)) if single else (drawn, ok)
 
 
-def decided_on_candidates(sampler: Sampler, logits, state, mask=None, **inputs) -> jax.Array:
-  """``[B]`` bool: which rows the candidate path decides (the others take the full path).
+def settled_on_candidates(sampler: Sampler, logits, state, mask=None, **inputs) -> jax.Array:
+  """``[B]`` bool: which rows the candidate path settles (its candidates are decided and cover the row; the others
+  take the full path).
 
   Examples:
     >>> import jax.numpy as jnp, jsample
     >>> sampler = jsample.chain(jsample.top_p(0.99), budget=2)  # a nucleus wider than 2 candidates
     >>> flat, peaked = jnp.zeros(8), jnp.array([9.0, 8.0] + [0.0] * 6)
-    >>> decided_on_candidates(sampler, jnp.stack([flat, peaked]), sampler.init(seed=[0, 1])).tolist()
+    >>> settled_on_candidates(sampler, jnp.stack([flat, peaked]), sampler.init(seed=[0, 1])).tolist()
     [False, True]
   """
   (raw, mask), rows, single, strategy = run.prepare(sampler, logits, state, dict(inputs, mask=mask))

@@ -104,16 +104,16 @@ def test_removed_tokens_do_not_count_in_the_maximum_entropy():
   assert theirs < ours - 0.1  # log 400 > log 100: the normalised entropy, and its temperature, drop
 
 
-def test_dynamic_temperature_decides_on_complete_candidates_only():
-  """After top-k the entropy is the candidates': the row decides there; without it, the
+def test_dynamic_temperature_settles_only_on_candidates_that_cover_the_row():
+  """After top-k the entropy is the candidates': the row settles there; without it, the
   full path runs; both give the full path's token."""
   rng = np.random.default_rng(2)
   x = jnp.asarray(rng.normal(0, 2, (2, 2000)).astype(np.float32))
   for strategy in jsample.testing.STRATEGIES:
     sampler = jsample.chain(jsample.top_k(), jsample.temperature(), budget=16, strategy=strategy)
     state = sampler.init(seed=[3, 4], top_k=[10, 0], temperature=0.9, dynatemp_range=0.5)
-    decided = np.asarray(jsample.testing.decided_on_candidates(sampler, x, state))
-    np.testing.assert_array_equal(decided, [True, False], err_msg=strategy)
+    settled = np.asarray(jsample.testing.settled_on_candidates(sampler, x, state))
+    np.testing.assert_array_equal(settled, [True, False], err_msg=strategy)
     np.testing.assert_array_equal(
       sampler.pick(x, state)[0], jsample.testing.full_path_tokens(sampler, x, state), err_msg=strategy
     )
