@@ -72,7 +72,7 @@ def full_path_tokens(sampler: Sampler, logits, state, mask=None, **inputs) -> ja
 
   def one(raw, mask, row):
     final = paths.full_path(sampler.stages, raw, mask, row, strategy)
-    return draw.on_row(final, row.bits, strategy.race_row, logprob=False).token
+    return draw.on_row(final, row.step_bits, strategy.race_row, logprob=False).token
 
   out = jax.vmap(one)(raw, mask, rows)
   return out[0] if single else out
@@ -97,7 +97,7 @@ def candidate_path(sampler: Sampler, logits, state, mask=None, *, statistics: bo
     refined, better = refine()
     cands = select(ok, cands, refined)
     ok = ok | better
-  drawn = jax.vmap(draw.on_candidates)(cands.logits, cands.ids, rows.bits)
+  drawn = jax.vmap(draw.on_candidates)(cands.logits, cands.ids, rows.step_bits)
   return jax.tree.map(lambda a: a[0], (drawn, ok)) if single else (drawn, ok)
 
 

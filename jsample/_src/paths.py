@@ -25,7 +25,7 @@ class RowInputs(NamedTuple):
     settings: name -> ``[B]`` (or ``[B, N]``) values.
     window: ``[B, W]`` recent token ids.
     position: ``[B]`` tokens accepted so far.
-    bits: ``[B, 2]`` uint32 step bits.
+    step_bits: ``[B, 2]`` uint32, each row's step bits (``fold_in(key, position)``).
     inputs: name -> ``[B, ...]`` per-call inputs other than the mask.
     stages: stage name -> per-row state.
   """
@@ -33,7 +33,7 @@ class RowInputs(NamedTuple):
   settings: dict[str, jax.Array]
   window: jax.Array
   position: jax.Array
-  bits: jax.Array
+  step_bits: jax.Array
   inputs: dict[str, jax.Array]
   stages: dict[str, Any]
 
@@ -44,7 +44,7 @@ def context(stage: Stage, row: RowInputs, vocab: int, strategy: Strategy, statis
     window=row.window,
     position=row.position,
     vocab=vocab,
-    step_bits=row.bits,
+    step_bits=row.step_bits,
     inputs={name: row.inputs[name] for name in stage.inputs},
     state=row.stages.get(stage.name),
     row_statistic=statistic,
