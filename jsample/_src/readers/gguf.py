@@ -67,7 +67,7 @@ _LEFT_OUT: dict[str, dict[str, Any]] = dict(
 def _llama_cpp_sampler(order: tuple[str, ...], settings: dict, sizes: dict) -> tuple[Sampler, dict]:
   """:func:`jsample.llama_cpp`'s defaults on ``order``, and ``settings`` neutral where mirostat is on."""
   defaults = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
-  sampler = recipes._recipe(order, defaults, sizes)
+  sampler = recipes.chain_of(order, defaults, sizes)
   known = sampler.settings
   for name in settings:
     if name not in known:  # llama.cpp would ignore it silently; jsample says so

@@ -310,7 +310,7 @@ def from_llama_server(request: Mapping, *, tokenizer=None, **sizes) -> Config:
     sizes.pop("max_breakers"), sizes.pop("max_breaker_length")
   # A field of a sampler left out of `samplers` is accepted at its default or neutral value (llama.cpp never
   # reads it); any other value raises in _llama_cpp_sampler.
-  known = {s.name for name in order for s in recipes._STAGES[name][0]().settings}
+  known = {s.name for name in order for s in recipes.STAGES[name][0]().settings}
   neutral: dict[str, Any] = {k: v for stage in _LEFT_OUT.values() for k, v in dict(stage).items()}
   for name in list(settings):
     if name not in known:
