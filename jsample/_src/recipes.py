@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from jsample._src.sampler import Sampler
-from jsample._src.stage import Stage
+from jsample._src.stage import Setting, Stage
 from jsample._src.stages.dry import dry
 from jsample._src.stages.floors import epsilon, eta
 from jsample._src.stages.logit_bias import logit_bias
@@ -142,6 +142,19 @@ def padded(setting, value) -> np.ndarray:
   return out
 
 
+def settings_of(order: tuple[str, ...]) -> dict[str, Setting]:
+  """Each setting of ``order``'s stages (names in :data:`STAGES`) by name, as its stage declares it: its default,
+  its neutral value, ... (a setting that several stages share, ``min_keep``, appears once).
+
+  Examples:
+    >>> from jsample._src import recipes
+    >>> top_k = recipes.settings_of(("top_k", "temperature"))["top_k"]
+    >>> top_k.default, top_k.neutral
+    (40, 0)
+  """
+  return {s.name: s for name in order for s in STAGES[name][0]().settings}
+
+
 LLAMA_CPP_ORDER = (
   "logit_bias",
   "penalties",
@@ -193,10 +206,11 @@ def llama_cpp(**overrides) -> Sampler:
 
   Order: logit bias → penalties → DRY → top-n-σ → top-k → typical → top-p →
   min-p → XTC → temperature (with dynamic temperature) → mirostat → draw,
-  with llama-server's defaults: temperature 0.8, top-k 40, top-p 0.95, min-p
-  0.05, and every other stage neutral (penalties over the whole 64-token
-  window, DRY with multiplier 0, base 1.75, allowed length 2, top-n-σ -1,
-  typical 1, XTC probability 0 and threshold 0.1, mirostat 0, tau 5, eta 0.1).
+  with llama-server's defaults, which are its stages' own: temperature 0.8,
+  top-k 40, top-p 0.95, min-p 0.05, and every other stage neutral (penalties
+  over the whole 64-token window, DRY with multiplier 0, base 1.75, allowed
+  length 2, top-n-σ -1, typical 1, XTC probability 0 and threshold 0.1,
+  mirostat 0, tau 5, eta 0.1).
 
   Mirostat: in llama.cpp ``mirostat`` 1 or 2 replaces the whole chain with
   ``[logit_bias] + temp(temperature) + mirostat``. A per-row setting cannot
@@ -218,24 +232,25 @@ def llama_cpp(**overrides) -> Sampler:
     >>> [stage.name for stage in sampler.stages][:4]
     ['logit_bias', 'penalties', 'dry', 'top_n_sigma']
   """
-  defaults = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
-  return chain_of(LLAMA_CPP_ORDER, defaults, overrides)
+  return chain_of(LLAMA_CPP_ORDER, {}, overrides)
 
 
-MIROSTAT_NEUTRAL = dict(
-  repeat_penalty=1.0,
-  frequency_penalty=0.0,
-  presence_penalty=0.0,
-  dry_multiplier=0.0,
-  top_n_sigma=-1.0,
-  top_k=0,
-  typical_p=1.0,
-  top_p=1.0,
-  min_p=0.0,
-  xtc_probability=0.0,
-  dynatemp_range=0.0,
+_MIROSTAT_OFF = (
+  "repeat_penalty",
+  "frequency_penalty",
+  "presence_penalty",
+  "dry_multiplier",
+  "top_n_sigma",
+  "top_k",
+  "typical_p",
+  "top_p",
+  "min_p",
+  "xtc_probability",
+  "dynatemp_range",
 )
-"""The settings that make :func:`llama_cpp`'s chain llama.cpp's mirostat chain on a mirostat row."""
+"""The settings that, at their neutral values, make :func:`llama_cpp`'s chain llama.cpp's mirostat chain: the one
+that turns off each stage between logit bias and temperature (the penalties' three strengths), and dynamic
+temperature's range. Their scopes (``penalty_last_n``, ``min_keep``, ...) keep the row's values."""
 
 
 def mirostat_neutral(settings: dict) -> dict:
@@ -247,7 +262,8 @@ def mirostat_neutral(settings: dict) -> dict:
     0
   """
   if settings.get("mirostat", 0) in (1, 2):
-    return {**settings, **MIROSTAT_NEUTRAL}
+    llama = settings_of(LLAMA_CPP_ORDER)
+    return {**settings, **{name: llama[name].neutral for name in _MIROSTAT_OFF}}
   return dict(settings)
 
 
