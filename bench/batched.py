@@ -132,32 +132,32 @@ def _argmax(x: jax.Array) -> tuple[jax.Array, jax.Array]:
   return lax.reduce((x, ids), init, better, (1,))
 
 
-def _noise(words: jax.Array, vocab: int) -> jax.Array:
-  """``noise.gumbel`` of ids ``0..vocab-1`` for each row's words ``[B, 2]``: ``[B, vocab]`` float32.
+def _noise(step_bits: jax.Array, vocab: int) -> jax.Array:
+  """``noise.gumbel`` of ids ``0..vocab-1`` for each row's step bits ``[B, 2]``: ``[B, vocab]`` float32.
 
   ``noise.gumbel`` rebuilds its group's top noise for every id; here each group's
   hash, logs and ``exp(-top)`` are computed once and broadcast over its ids (the
   same operations on the same numbers, so the same values).
   """
-  batch = words.shape[0]
+  batch = step_bits.shape[0]
   groups = vocab // noise.GROUP
   out = []
   if groups:
-    top, leader = jax.vmap(noise._group, in_axes=(0, None))(words, jnp.arange(groups, dtype=jnp.int32))
+    top, leader = jax.vmap(noise._group, in_axes=(0, None))(step_bits, jnp.arange(groups, dtype=jnp.int32))
     fade = jnp.exp(-top)
     ids = jnp.arange(groups * noise.GROUP, dtype=jnp.int32).reshape(groups, noise.GROUP)
-    member = jax.vmap(lambda w: noise._exponential(*noise._bits(w ^ noise._TOKEN_SALT, ids)))(words)
+    member = jax.vmap(lambda w: noise._exponential(*noise._bits(w ^ noise._TOKEN_SALT, ids)))(step_bits)
     rest = -jnp.log(fade[:, :, None] + member)
     spot = (ids % noise.GROUP)[None]
     out.append(jnp.where(spot == leader[:, :, None], top[:, :, None], rest).reshape(batch, groups * noise.GROUP))
   if vocab > groups * noise.GROUP:  # the ragged last group, as noise.gumbel builds it
     tail = jnp.arange(groups * noise.GROUP, vocab, dtype=jnp.int32)
-    out.append(jax.vmap(noise.gumbel, in_axes=(0, None))(words, tail))
+    out.append(jax.vmap(noise.gumbel, in_axes=(0, None))(step_bits, tail))
   return out[0] if len(out) == 1 else jnp.concatenate(out, axis=1)
 
 
-def race(logits: jax.Array, words: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Draws one survivor per row: ``jax.vmap(noise.race_row)(logits, words)``, without a branch.
+def race(logits: jax.Array, step_bits: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Draws one survivor per row: ``jax.vmap(noise.race_row)(logits, step_bits)``, without a branch.
 
   ``argmax(logits + gumbel)`` over every id, ties to the lower id: the noise, the
   score and a variadic argmax (best score and its id together, no second pass).
@@ -168,25 +168,25 @@ def race(logits: jax.Array, words: jax.Array) -> tuple[jax.Array, jax.Array]:
 
   Args:
     logits: ``[B, V]`` float32, ``-inf`` (or NaN) for removed tokens.
-    words: ``[B, 2]`` uint32 step words (:func:`noise.step_bits`).
+    step_bits: ``[B, 2]`` uint32 step bits (:func:`noise.step_bits`).
 
   Returns:
     ``(token [B] int32, valid [B] bool)``: the winner (0 where nothing survives).
   """
   alive = logits > -jnp.inf
-  score = jnp.where(alive, logits + _noise(words, logits.shape[1]), -jnp.inf)
+  score = jnp.where(alive, logits + _noise(step_bits, logits.shape[1]), -jnp.inf)
   _, token = _argmax(score)
   valid = jnp.any(alive, axis=-1)
   return jnp.where(valid, token, 0), valid
 
 
-def race_plain(logits: jax.Array, words: jax.Array) -> tuple[jax.Array, jax.Array]:
+def race_plain(logits: jax.Array, step_bits: jax.Array) -> tuple[jax.Array, jax.Array]:
   """:func:`race` through ``jax.vmap(noise.race)`` over every id: each id rebuilds its group's noise.
 
   Kept to measure against :func:`race`; the tokens are the same.
   """
   ids = jnp.arange(logits.shape[1], dtype=jnp.int32)
-  return jax.vmap(noise.race, in_axes=(0, None, 0))(logits, ids, words)
+  return jax.vmap(noise.race, in_axes=(0, None, 0))(logits, ids, step_bits)
 
 
 def allowed(mask: jax.Array | None, vocab: int) -> jax.Array | None:

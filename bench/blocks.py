@@ -30,7 +30,7 @@ def cases(logits: jax.Array) -> dict:
   count = (clean > -jnp.inf).astype(jnp.int32)
   p = jnp.full((batch,), 0.9, jnp.float32)
   k = jnp.full((batch,), 64, jnp.int32)
-  words = jax.vmap(noise.step_bits)(jax.random.split(jax.random.key(0), batch), jnp.zeros(batch, jnp.int32))
+  step_bits = jax.vmap(noise.step_bits)(jax.random.split(jax.random.key(0), batch), jnp.zeros(batch, jnp.int32))
   top = jnp.max(clean, axis=-1)
   per_row = lambda f: lambda *a: lax.map(lambda r: f(*r), a)  # noqa: E731
   greedy = jsample.chain(jsample.temperature(0.0))
@@ -50,10 +50,10 @@ def cases(logits: jax.Array) -> dict:
       f"top-k search, batched {b} bits": (functools.partial(batched.shortest_prefix, bits=b), (clean, count, k))
       for b in (1, 2, 4)
     },
-    "race, per row (race_row)": (per_row(noise.race_row), (clean, words)),
-    "race, vmap race_row": (jax.vmap(noise.race_row), (clean, words)),
-    "race, batched": (batched.race, (clean, words)),
-    "race, batched, noise per id": (batched.race_plain, (clean, words)),
+    "race, per row (race_row)": (per_row(noise.race_row), (clean, step_bits)),
+    "race, vmap race_row": (jax.vmap(noise.race_row), (clean, step_bits)),
+    "race, batched": (batched.race, (clean, step_bits)),
+    "race, batched, noise per id": (batched.race_plain, (clean, step_bits)),
     "greedy, the chain's pick": (lambda x, s: greedy.pick(x, s)[0], (logits, state)),
     "greedy, batched": (lambda x: batched.greedy(x, None), (logits,)),
     "log-normalisers, cut": (lambda x, t: cut.log_normalisers(x, None, t), (logits, top)),

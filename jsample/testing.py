@@ -15,7 +15,7 @@ promises, against a float64 reference function of your own:
 
 It needs jax and numpy only, so a stage written outside the library can be
 checked in its own test suite. :func:`full_path_probs`, :func:`full_path_tokens` and
-:func:`decided_on_candidates` expose the two paths for tests of your own.
+:func:`settled_on_candidates` expose the two paths for tests of your own.
 """
 
 import math
@@ -72,14 +72,14 @@ def full_path_tokens(sampler: Sampler, logits, state, mask=None, **inputs) -> ja
 
   def one(raw, mask, row):
     final = paths.full_path(sampler.stages, raw, mask, row, strategy)
-    return draw.on_row(final, row.bits, strategy.race_row, logprob=False).token
+    return draw.on_row(final, row.step_bits, strategy.race_row, logprob=False).token
 
   out = jax.vmap(one)(raw, mask, rows)
   return out[0] if single else out
 
 
 def candidate_path(sampler: Sampler, logits, state, mask=None, *, statistics: bool = True, **inputs):
-  """The candidate path alone: ``(Draw [B], decided [B])``.
+  """The candidate path alone: ``(Draw [B], settled [B])``.
 
   With ``statistics=False`` it stops before the row statistics, as a call does
   when the candidates decide every row without them.
@@ -87,8 +87,8 @@ def candidate_path(sampler: Sampler, logits, state, mask=None, *, statistics: bo
   Examples:
     >>> import jax.numpy as jnp, jsample
     >>> sampler = jsample.chain(jsample.top_k(2), jsample.temperature(0.0), budget=2)
-    >>> drawn, decided = candidate_path(sampler, jnp.array([[0.1, 3.0, 2.0]]), sampler.init(seed=[0]))
-    >>> drawn.token.tolist(), decided.tolist()
+    >>> drawn, settled = candidate_path(sampler, jnp.array([[0.1, 3.0, 2.0]]), sampler.init(seed=[0]))
+    >>> drawn.token.tolist(), settled.tolist()
     ([1], [True])
   """
   (raw, mask), rows, single, strategy = run.prepare(sampler, logits, state, dict(inputs, mask=mask))
@@ -97,18 +97,19 @@ def candidate_path(sampler: Sampler, logits, state, mask=None, *, statistics: bo
     refined, better = refine()
     cands = select(ok, cands, refined)
     ok = ok | better
-  drawn = jax.vmap(draw.on_candidates)(cands.logits, cands.ids, rows.bits)
+  drawn = jax.vmap(draw.on_candidates)(cands.logits, cands.ids, rows.step_bits)
   return jax.tree.map(lambda a: a[0], (drawn, ok)) if single else (drawn, ok)
 
 
-def decided_on_candidates(sampler: Sampler, logits, state, mask=None, **inputs) -> jax.Array:
-  """``[B]`` bool: which rows the candidate path decides (the others take the full path).
+def settled_on_candidates(sampler: Sampler, logits, state, mask=None, **inputs) -> jax.Array:
+  """``[B]`` bool: which rows the candidate path settles (its candidates are decided and cover the row; the others
+  take the full path).
 
   Examples:
     >>> import jax.numpy as jnp, jsample
     >>> sampler = jsample.chain(jsample.top_p(0.99), budget=2)  # a nucleus wider than 2 candidates
     >>> flat, peaked = jnp.zeros(8), jnp.array([9.0, 8.0] + [0.0] * 6)
-    >>> decided_on_candidates(sampler, jnp.stack([flat, peaked]), sampler.init(seed=[0, 1])).tolist()
+    >>> settled_on_candidates(sampler, jnp.stack([flat, peaked]), sampler.init(seed=[0, 1])).tolist()
     [False, True]
   """
   (raw, mask), rows, single, strategy = run.prepare(sampler, logits, state, dict(inputs, mask=mask))
@@ -345,16 +346,16 @@ def assert_stage_conforms(
     off = np.asarray(program(jnp.asarray(xs), fresh(sampler_4, neutral))[0])
     _close(off, plain, 1e-6, f"{stage.name}: neutral settings {neutral} are not the identity")
 
-  # -- off in every row, the stage is skipped (Stage.off): the same as applied ---------
-  if stage.off is not None:
+  # -- neutral in every row, the stage is skipped (Stage.is_neutral): the same as applied
+  if stage.is_neutral is not None:
     for values in settings:
       every_row = _per_row([values], rows)
-      if not bool(stage.off({k: jnp.asarray(v) for k, v in _row_settings(base, every_row, 0).items()})):
+      if not bool(stage.is_neutral({k: jnp.asarray(v) for k, v in _row_settings(base, every_row, 0).items()})):
         continue
       want = np.stack(
         [reference_probs(reference, xs[i], _row_settings(base, every_row, i), windows[i]) for i in range(rows)]
       )
-      run_all(every_row, want, f" with the stage off in every row ({values}) against the reference")
+      run_all(every_row, want, f" with the stage neutral in every row ({values}) against the reference")
 
   # -- half-precision rows ------------------------------------------------------------
   for dtype in (jnp.bfloat16, jnp.float16):

@@ -17,7 +17,9 @@ from tests import reference
 
 PENALTIES_OFF = dict(repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0)  # over any window
 NEUTRAL_PENALTIES = dict(PENALTIES_OFF, penalty_last_n=-1)  # the recipes' defaults
-NEUTRAL = dict(NEUTRAL_PENALTIES, top_k=0, top_p=1.0, min_p=0.0, temperature=1.0)  # the whole llama.cpp chain
+# Every setting of the chain the reference runs (gemma's: penalties, top-k, top-p, min-p, temperature) at its neutral
+# value, the penalties over the whole window rather than none, so that their neutral strengths are what is tested.
+NEUTRAL = {**{name: s.neutral for name, s in jsample.gemma().settings.items()}, **NEUTRAL_PENALTIES}
 
 # The strategies as test parameters. The accelerator strategy's own checks (golden tokens, every stage's
 # conformance on both strategies, its structure) are in the default run; its repeats of the reference grids on a

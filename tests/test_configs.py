@@ -331,6 +331,16 @@ def test_llama_server_samplers_order_and_mirostat():
   assert len(run(config)) == 3
 
 
+def test_llama_server_accepts_a_left_out_samplers_field_at_its_default_or_neutral_value():
+  # llama.cpp never reads them. repeat_last_n 64 and min_keep 0 are llama-server's defaults; top_p 1,
+  # xtc_threshold 1 and dry_penalty_last_n 0 are neutral.
+  accepted = dict(repeat_last_n=64, min_keep=0, top_p=1.0, xtc_threshold=1.0, dry_penalty_last_n=0)
+  for field, value in accepted.items():
+    config = jsample.from_llama_server({"samplers": ["temperature"], field: value})
+    assert [s.name for s in config.sampler.stages] == ["logit_bias", "temperature", "mirostat"], field
+    assert set(config.settings) == {"logit_bias_ids", "logit_bias_values"}, field
+
+
 @pytest.mark.parametrize(
   "bad, field",
   [

@@ -115,20 +115,20 @@ def test_a_prompt_id_past_the_vocabulary_is_refused_at_pick():
   assert "state.window" in str(err.get())
 
 
-def test_raising_penalties_are_decided_on_candidates():
+def test_raising_penalties_are_settled_on_candidates():
   """Touched ids join the cut, so weights that raise logits need no full path."""
   rng = np.random.default_rng(3)
   x = jnp.asarray(rng.normal(0, 2, (4, 2000)), jnp.float32)
   sampler = jsample.llama_cpp(top_k=40, repeat_penalty=0.5, presence_penalty=-3.0, budget=64, window_size=8)
   state = sampler.init(seed=np.arange(4), prompt=rng.integers(0, 2000, (4, 8)))
-  decided, tokens, full_tokens = jax.jit(  # one program, not the decision run op by op
+  settled, tokens, full_tokens = jax.jit(  # one program, not the decision run op by op
     lambda x, s: (
-      jsample.testing.decided_on_candidates(sampler, x, s),
+      jsample.testing.settled_on_candidates(sampler, x, s),
       sampler.pick(x, s)[0],
       jsample.testing.full_path_tokens(sampler, x, s),
     )
   )(x, state)
-  assert bool(jnp.all(decided))
+  assert bool(jnp.all(settled))
   np.testing.assert_array_equal(tokens, full_tokens)
 
 
@@ -142,7 +142,7 @@ def wide_window_program():
   s = WIDE_WINDOW
   return jax.jit(
     lambda x, state: (
-      jsample.testing.decided_on_candidates(s, x, state),
+      jsample.testing.settled_on_candidates(s, x, state),
       s.probs(x, state),
       jsample.testing.full_path_probs(s, x, state),
       s.pick(x, state)[0],
@@ -162,7 +162,7 @@ def test_a_window_longer_than_the_budget_keeps_the_cut_exact(weights):
   # Mostly tokens ranked 10-200, so at most m of them sit among the raw best and the cut decides.
   prompts = [list(rng.choice(np.argsort(-row)[10:200], 32)) + [int(np.argmax(row))] for row in x]
   state = WIDE_WINDOW.init(seed=np.arange(8), prompt=prompts, **weights)
-  decided, probs, full_probs, tokens, full_tokens = wide_window_program()(jnp.asarray(x), state)
-  assert bool(jnp.all(decided))
+  settled, probs, full_probs, tokens, full_tokens = wide_window_program()(jnp.asarray(x), state)
+  assert bool(jnp.all(settled))
   np.testing.assert_allclose(probs, full_probs, atol=1e-6)
   np.testing.assert_array_equal(tokens, full_tokens)

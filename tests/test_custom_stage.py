@@ -25,12 +25,12 @@ def epsilon(eps: float = 3e-4) -> jsample.Stage:
     keep = (c.logits - log_z >= log_eps) | best
     # Tokens beyond the candidates rank below the last one: if it falls, so do they.
     last_out = (c.logits[-1] - log_z < log_eps) & ~best[-1]
-    done = c.complete | (known & last_out)
+    done = c.covers_row | (known & last_out)
     off = s["epsilon"] <= 0
     return c.keep(keep | off)._replace(
-      complete=jnp.where(off, c.complete, done),
+      covers_row=jnp.where(off, c.covers_row, done),
       log_z_known=c.log_z_known & off,  # removing tokens changes the row's normaliser
-      exact=c.exact & (off | (known & done)),
+      decided=c.decided & (off | (known & done)),
     )
 
   def on_row(logits: jax.Array, s: jsample.Settings, ctx: jsample.Context) -> jax.Array:

@@ -105,7 +105,7 @@ def _compiled(window_size: int, budget: int, strategy: str):
   probs = jax.jit(lambda x, state: (alone.probs(x, state), jsample.testing.full_path_probs(alone, x, state)))
   tokens = jax.jit(
     lambda xs, state: (
-      jsample.testing.decided_on_candidates(cut, xs, state),
+      jsample.testing.settled_on_candidates(cut, xs, state),
       cut.pick(xs, state)[0],
       jsample.testing.full_path_tokens(cut, xs, state),
     )
@@ -128,8 +128,8 @@ def _probe(window, settings, vocab=64, budget=16, seed=0):
     np.testing.assert_allclose(full, want, atol=1e-6, err_msg=strategy)
     # With a truncation the candidates decide: lowering keeps the cut exact, the same token as the full path.
     state = cut.init(seed=np.arange(6), prompt=list(window), **settings)
-    decided, tokens, full_tokens = tokens_of(jnp.asarray(np.tile(x, (6, 1))), state)
-    assert bool(jnp.all(decided)), strategy
+    settled, tokens, full_tokens = tokens_of(jnp.asarray(np.tile(x, (6, 1))), state)
+    assert bool(jnp.all(settled)), strategy
     np.testing.assert_array_equal(tokens, full_tokens, err_msg=strategy)
   return want, x
 

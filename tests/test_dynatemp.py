@@ -104,16 +104,16 @@ def test_removed_tokens_do_not_count_in_the_maximum_entropy():
   assert theirs < ours - 0.1  # log 400 > log 100: the normalised entropy, and its temperature, drop
 
 
-def test_dynamic_temperature_decides_on_complete_candidates_only():
-  """After top-k the entropy is the candidates': the row decides there; without it, the
+def test_dynamic_temperature_settles_only_on_candidates_that_cover_the_row():
+  """After top-k the entropy is the candidates': the row settles there; without it, the
   full path runs; both give the full path's token."""
   rng = np.random.default_rng(2)
   x = jnp.asarray(rng.normal(0, 2, (2, 2000)).astype(np.float32))
   for strategy in jsample.testing.STRATEGIES:
     sampler = jsample.chain(jsample.top_k(), jsample.temperature(), budget=16, strategy=strategy)
     state = sampler.init(seed=[3, 4], top_k=[10, 0], temperature=0.9, dynatemp_range=0.5)
-    decided = np.asarray(jsample.testing.decided_on_candidates(sampler, x, state))
-    np.testing.assert_array_equal(decided, [True, False], err_msg=strategy)
+    settled = np.asarray(jsample.testing.settled_on_candidates(sampler, x, state))
+    np.testing.assert_array_equal(settled, [True, False], err_msg=strategy)
     np.testing.assert_array_equal(
       sampler.pick(x, state)[0], jsample.testing.full_path_tokens(sampler, x, state), err_msg=strategy
     )
@@ -121,7 +121,7 @@ def test_dynamic_temperature_decides_on_complete_candidates_only():
 
 def test_temperature_zero_with_a_range_is_not_greedy():
   """temp_ext with t = 0 and range r samples at r * (H / log N) ** exponent: greedy batches
-  (Stage.greedy) must not take such a row; with the range off it is greedy again."""
+  (Stage.only_best) must not take such a row; with the range off it is greedy again."""
   x = jnp.asarray(np.random.default_rng(9).normal(0, 1, 64).astype(np.float32))
   sampler = jsample.chain(jsample.temperature())
   state = sampler.init(seed=np.arange(200), temperature=0.0, dynatemp_range=0.8)
@@ -136,9 +136,9 @@ def test_typical_and_xtc_off_keep_greedy_batches_greedy():
   them takes the one argmax-like pass: the same token as without them."""
   x = jnp.asarray(np.random.default_rng(10).normal(0, 1, (4, 64)).astype(np.float32))
   sampler = jsample.chain(jsample.typical(), jsample.xtc(), jsample.temperature(0.0))
-  assert all(bool(stage.keeps_best(sampler.init(seed=0).settings)) for stage in sampler.stages)
+  assert all(bool(stage.argmax_invariant(sampler.init(seed=0).settings)) for stage in sampler.stages)
   on = sampler.init(seed=[0, 1, 2, 3], typical_p=0.5)
-  assert not bool(sampler.stages[0].keeps_best(first_row(on.settings)))
+  assert not bool(sampler.stages[0].argmax_invariant(first_row(on.settings)))
   np.testing.assert_array_equal(sampler.pick(x, sampler.init(seed=[0, 1, 2, 3]))[0], np.argmax(x, axis=-1))
 
 

@@ -40,7 +40,7 @@ def on_row_jaxpr(stage, settings):
     window=jnp.full(16, -1, jnp.int32),
     position=jnp.int32(0),
     vocab=V,
-    bits=jnp.zeros(2, jnp.uint32),
+    step_bits=jnp.zeros(2, jnp.uint32),
     state=None if stage.init_state is None else stage.init_state(),
   )
   return jax.make_jaxpr(lambda x, s: stage.on_row(x, s, ctx))(jnp.zeros(V, jnp.float32), settings).jaxpr

@@ -330,8 +330,8 @@ def test_a_rows_token_is_its_own(chain, vocab):
 
 
 def test_a_stage_skipped_for_the_batch_leaves_each_rows_token_alone():
-  """The CPU strategy skips a stage that every row of the batch has off (``Stage.off``): a row's token, log-prob
-  and probabilities are the same, bit for bit, beside rows with every llama.cpp stage off or on."""
+  """The CPU strategy skips a stage that every row of the batch has neutral (``Stage.is_neutral``): a row's token,
+  log-prob and probabilities are the same, bit for bit, beside rows with every llama.cpp stage off or on."""
   vocab, live = 1000, len(FUZZ_KINDS)
   rng = np.random.default_rng(3)
   x = np.stack([fuzz_row(rng, vocab, kind) for kind in FUZZ_KINDS] + [rng.normal(0, 3, vocab).astype(np.float32)])

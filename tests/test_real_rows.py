@@ -85,4 +85,4 @@ def test_llama_cpp_defaults_without_top_k_stay_on_the_candidate_path(logits):
   # Real nuclei are small: top-p 0.95 and min-p 0.05 settle within K = 64.
   sampler = jsample.llama_cpp(budget=64)
   state = sampler.init(seed=np.arange(logits.shape[0]), top_k=0)
-  assert bool(jnp.all(jsample.testing.decided_on_candidates(sampler, jnp.asarray(logits), state)))
+  assert bool(jnp.all(jsample.testing.settled_on_candidates(sampler, jnp.asarray(logits), state)))

@@ -94,30 +94,30 @@ def test_min_tokens_conforms():
   jsample.testing.assert_stage_conforms(jsample.min_tokens(size=3), ref, settings)
 
 
-def _both_paths_agree(sampler, x, state, expect_decided=True):
-  """Candidates decide (where expected), and every path and strategy gives the same probs and tokens."""
+def _both_paths_agree(sampler, x, state, expect_settled=True):
+  """Candidates settle (where expected), and every path and strategy gives the same probs and tokens."""
   x = jnp.asarray(x)
   full = np.asarray(jsample.testing.full_path_probs(sampler, x, state))
   tokens = np.asarray(jax.jit(lambda x, s: jsample.testing.full_path_tokens(sampler, x, s))(x, state))
   for strategy in jsample.testing.STRATEGIES:
     run = jsample.chain(*sampler.stages, window_size=sampler.window_size, budget=sampler.budget, strategy=strategy)
-    decided = np.asarray(jsample.testing.decided_on_candidates(run, x, state))
-    if expect_decided is not None:
-      assert np.all(decided == expect_decided), decided
+    settled = np.asarray(jsample.testing.settled_on_candidates(run, x, state))
+    if expect_settled is not None:
+      assert np.all(settled == expect_settled), settled
     np.testing.assert_allclose(np.asarray(run.probs(x, state)), full, atol=1e-6)
     np.testing.assert_array_equal(np.asarray(jax.jit(run.pick)(x, state)[0]), tokens)
   return full
 
 
-def test_allowed_ids_far_below_the_raw_best_are_decided_on_candidates():
-  """The raw best hold none of the allowed ids; the cut brings them in, and marks the row complete."""
+def test_allowed_ids_far_below_the_raw_best_are_settled_on_candidates():
+  """The raw best hold none of the allowed ids; the cut brings them in, and marks the candidates as covering the row."""
   rng = np.random.default_rng(1)
   x = rng.normal(0, 2, (4, 2000)).astype(np.float32)
   order = np.argsort(-x, axis=1)
   allowed = np.stack([order[i, [1500, 1700, 1999, 1200]] for i in range(4)]).astype(np.int32)
   sampler = jsample.chain(jsample.allowed_tokens(size=4), jsample.top_p(0.9), jsample.temperature(1.0), budget=8)
   state = sampler.init(seed=np.arange(4), allowed_token_ids=allowed)
-  probs = _both_paths_agree(sampler, x, state, expect_decided=True)
+  probs = _both_paths_agree(sampler, x, state, expect_settled=True)
   assert np.all((probs > 0).sum(axis=1) >= 1)
   for i in range(4):
     assert set(np.nonzero(probs[i])[0]) <= set(allowed[i].tolist())
@@ -129,7 +129,7 @@ def test_more_allowed_survivors_than_candidates_take_the_full_path():
   allowed = np.stack([rng.choice(500, 40, replace=False) for _ in range(2)]).astype(np.int32)
   sampler = jsample.chain(jsample.allowed_tokens(size=40), jsample.top_p(0.95), jsample.temperature(1.0), budget=8)
   state = sampler.init(seed=[0, 1], allowed_token_ids=allowed)
-  probs = _both_paths_agree(sampler, x, state, expect_decided=False)
+  probs = _both_paths_agree(sampler, x, state, expect_settled=False)
   for i in range(2):
     assert set(np.nonzero(probs[i])[0]) <= set(allowed[i].tolist())
     assert (probs[i] > 0).sum() > 8  # the nucleus reaches past the candidates
@@ -143,7 +143,7 @@ def test_a_raising_bias_brings_a_tail_token_to_the_top_on_candidates():
   values = np.array([[30.0, 29.5, 0, 0]] * 3, np.float32)
   sampler = jsample.chain(jsample.logit_bias(size=4), jsample.top_k(2), jsample.temperature(1.0), budget=8)
   state = sampler.init(seed=[0, 1, 2], logit_bias_ids=ids, logit_bias_values=values)
-  probs = _both_paths_agree(sampler, x, state, expect_decided=True)
+  probs = _both_paths_agree(sampler, x, state, expect_settled=True)
   for i in range(3):
     assert set(np.nonzero(probs[i])[0]) == set(worst[i].tolist())
 

@@ -109,8 +109,8 @@ def test_a_token_of_probability_zero_does_not_disable_typical():
     np.testing.assert_array_equal(survivors(sampler, holed, typical_p=0.9), without[expected])
 
 
-def test_typical_decides_on_candidates_from_the_row_entropy():
-  """With the entropy as a row statistic, a peaked row decides on 16 candidates of 4096;
+def test_typical_settles_on_candidates_from_the_row_entropy():
+  """With the entropy as a row statistic, a peaked row settles on 16 candidates of 4096;
   a flat one, whose typical set lies beyond them, takes the full path, with the same tokens."""
   rng = np.random.default_rng(3)
   peaked = (-2.0 * np.log1p(rng.permutation(4096))).astype(np.float32)
@@ -119,8 +119,8 @@ def test_typical_decides_on_candidates_from_the_row_entropy():
   for strategy in jsample.testing.STRATEGIES:
     sampler = jsample.chain(jsample.typical(), jsample.temperature(1.0), budget=16, strategy=strategy)
     state = sampler.init(seed=[1, 2], typical_p=0.5)
-    decided = np.asarray(jsample.testing.decided_on_candidates(sampler, x, state))
-    np.testing.assert_array_equal(decided, [True, False], err_msg=strategy)
+    settled = np.asarray(jsample.testing.settled_on_candidates(sampler, x, state))
+    np.testing.assert_array_equal(settled, [True, False], err_msg=strategy)
     np.testing.assert_array_equal(
       sampler.pick(x, state)[0], jsample.testing.full_path_tokens(sampler, x, state), err_msg=strategy
     )

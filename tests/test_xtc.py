@@ -103,7 +103,7 @@ def test_xtc_falls_back_when_the_threshold_reaches_beyond_the_candidates():
   x = np.random.default_rng(1).normal(0, 0.1, 1000).astype(np.float32)
   sampler = jsample.chain(jsample.xtc(1.0, 0.0005), jsample.temperature(1.0), budget=16)
   state = sampler.init(seed=0)
-  assert not bool(jsample.testing.decided_on_candidates(sampler, jnp.asarray(x), state))
+  assert not bool(jsample.testing.settled_on_candidates(sampler, jnp.asarray(x), state))
   probs = np.asarray(sampler.probs(jnp.asarray(x), state))
   assert np.count_nonzero(probs) == 1 and probs[np.argmin(x)] == 1
 

@@ -50,18 +50,18 @@ def softmax(logits: jax.Array) -> jax.Array:
   return e / jnp.maximum(jnp.sum(e), 1.0)  # the best survivor alone adds 1
 
 
-def on_candidates(logits: jax.Array, ids: jax.Array, bits: jax.Array) -> Draw:
+def on_candidates(logits: jax.Array, ids: jax.Array, step_bits: jax.Array) -> Draw:
   """The draw over one row's final candidates ``[K]``, with its log-probability."""
   logits = relative(logits)
-  token, valid = noise.race(logits, ids, bits)
+  token, valid = noise.race(logits, ids, step_bits)
   chosen = jnp.max(jnp.where(ids == token, logits, -jnp.inf))
   return Draw(token, valid, jnp.where(valid, chosen - logsumexp(logits), 0.0))
 
 
-def on_row(final: jax.Array, bits: jax.Array, race_row, *, logprob: bool) -> Draw:
+def on_row(final: jax.Array, step_bits: jax.Array, race_row, *, logprob: bool) -> Draw:
   """The draw over one whole final row ``[V]``; its log-probability costs an exp per token."""
   final = relative(final)
-  token, valid = race_row(final, bits)
+  token, valid = race_row(final, step_bits)
   if not logprob:
     return Draw(token, valid, jnp.float32(0))
   # A masked maximum, not final[token]: on a row sharded over devices an index would gather the row.

@@ -2,7 +2,7 @@
 
 The candidate path does all ``O(V)`` work in the cut (:mod:`cut`) and the row
 statistics, then runs the stages on ``K`` candidates. It says, per row, when
-``K`` candidates cannot decide (``Candidates.exact``, ``complete``); those rows
+``K`` candidates cannot decide (``Candidates.decided``, ``covers_row``); those rows
 take the full-vocabulary path, which runs every stage's ``on_row`` on ``[V]``.
 How rows are batched, skipped and searched is the :class:`Strategy`'s business.
 """
@@ -25,7 +25,7 @@ class RowInputs(NamedTuple):
     settings: name -> ``[B]`` (or ``[B, N]``) values.
     window: ``[B, W]`` recent token ids.
     position: ``[B]`` tokens accepted so far.
-    bits: ``[B, 2]`` uint32 step bits.
+    step_bits: ``[B, 2]`` uint32, each row's step bits (``fold_in(key, position)``).
     inputs: name -> ``[B, ...]`` per-call inputs other than the mask.
     stages: stage name -> per-row state.
   """
@@ -33,29 +33,29 @@ class RowInputs(NamedTuple):
   settings: dict[str, jax.Array]
   window: jax.Array
   position: jax.Array
-  bits: jax.Array
+  step_bits: jax.Array
   inputs: dict[str, jax.Array]
   stages: dict[str, Any]
 
 
-def context(stage: Stage, row: RowInputs, vocab: int, strategy: Strategy, stat=None) -> Context:
+def context(stage: Stage, row: RowInputs, vocab: int, strategy: Strategy, statistic=None) -> Context:
   """The :class:`Context` one stage sees for one (unbatched) row."""
   return Context(
     window=row.window,
     position=row.position,
     vocab=vocab,
-    bits=row.bits,
+    step_bits=row.step_bits,
     inputs={name: row.inputs[name] for name in stage.inputs},
     state=row.stages.get(stage.name),
-    stat=stat,
+    row_statistic=statistic,
     branch_free=strategy.branch_free,
   )
 
 
-def stat_stage(stages: tuple[Stage, ...]) -> int | None:
+def statistic_stage(stages: tuple[Stage, ...]) -> int | None:
   """The index of the stage whose row statistic is computed: the first that
   declares one (a later one would need the row as changed by that stage)."""
-  return next((i for i, stage in enumerate(stages) if stage.row_stat is not None), None)
+  return next((i for i, stage in enumerate(stages) if stage.row_statistic is not None), None)
 
 
 def candidates(stages: tuple[Stage, ...], budget: int, raw: jax.Array, mask, rows: RowInputs, strategy: Strategy):
@@ -63,7 +63,7 @@ def candidates(stages: tuple[Stage, ...], budget: int, raw: jax.Array, mask, row
 
   ``first`` runs without the row statistics, which cost passes over ``V``;
   ``refine()`` runs again with them. Each returns the candidates and the rows
-  they decide (``exact & complete``); the strategy calls ``refine`` only where
+  they settle (``decided & covers_row``); the strategy calls ``refine`` only where
   some row needs it.
   """
   vocab = raw.shape[-1]
@@ -119,9 +119,11 @@ def from_best(
     narrow = jnp.all(_lowers(touchers, rows, vocab, strategy))
     cut_rows = functools.partial(_narrow_or_wide, narrow, cut_rows)
   skip = _skipped(stages, rows, strategy)
-  before = [off for off, stage in zip(skip, stages, strict=True) if stage.touches is not None and off is not None]
+  before = [
+    neutral for neutral, stage in zip(skip, stages, strict=True) if stage.touches is not None and neutral is not None
+  ]
   if touchers and len(before) == len(touchers):
-    # Every stage before the cut off in every row: the raw best are the candidates.
+    # Every stage before the cut neutral in every row: the raw best are the candidates.
     idle = jnp.all(jnp.stack(before))
     cut_rows = functools.partial(_unless_idle, idle, budget, vocab, cut_rows)
   chain_rows = jax.vmap(functools.partial(_chain_row, stages, vocab, strategy, skip))
@@ -130,21 +132,21 @@ def from_best(
   known = jnp.ones(top.shape, bool)
   cut_once = cut_rows(a, b, logits, ids, touched, rows, jnp.zeros(top.shape, jnp.float32), known)
 
-  def run(c: Candidates, stat) -> tuple[Candidates, jax.Array]:
-    c = chain_rows(c, rows, stat)
-    return c, c.exact & c.complete
+  def run(c: Candidates, statistic) -> tuple[Candidates, jax.Array]:
+    c = chain_rows(c, rows, statistic)
+    return c, c.decided & c.covers_row
 
   def refine():
     with_z = cut_once._replace(log_z=log_normalisers())
     c, ok = run(with_z, None)
-    if stat_stage(stages) is None or statistic is None:
+    if statistic_stage(stages) is None or statistic is None:
       return c, ok
 
-    def with_stat():  # a second pass over V: only where the log-normaliser did not settle a row
+    def with_statistic():  # a second pass over V: only where the log-normaliser did not settle a row
       later, better = run(with_z, statistic())
       return select(ok, c, later), ok | better
 
-    return with_stat() if strategy.branch_free else jax.lax.cond(jnp.all(ok), lambda: (c, ok), with_stat)
+    return with_statistic() if strategy.branch_free else jax.lax.cond(jnp.all(ok), lambda: (c, ok), with_statistic)
 
   return run(cut_once._replace(log_z_known=~known), None), refine
 
@@ -156,19 +158,21 @@ def _read_row(raw: jax.Array, mask, ids: jax.Array) -> jax.Array:
 def greedy(stages: tuple[Stage, ...], rows: RowInputs, vocab: int, strategy: Strategy) -> jax.Array | None:
   """``[B]`` the rows whose token is the best of the cleaned row, or None where no stage can say so.
 
-  That is a row where one stage keeps only its best token (temperature 0),
-  every stage after the cut keeps the best, and the stages before the cut
-  touch no id.
+  That is a row where one stage keeps only its best token
+  (:attr:`Stage.only_best`: temperature 0), every stage after the cut is
+  argmax-invariant (:attr:`Stage.argmax_invariant`: it keeps the best token
+  and lifts none above it), and the stages before the cut touch no id: the
+  rows a greedy shortcut applies to.
   """
   after = tuple(stage for stage in stages if stage.touches is None)
-  if not any(stage.greedy for stage in after) or not all(stage.keeps_best for stage in after):
+  if not any(stage.only_best for stage in after) or not all(stage.argmax_invariant for stage in after):
     return None
   touchers = tuple(stage for stage in stages if stage.touches is not None)
   touched = _touched(touchers, rows, vocab, strategy)
 
   def one(row):
-    said = [stage.greedy(row.settings) for stage in after if stage.greedy is not None]
-    kept = [stage.keeps_best(row.settings) for stage in after if stage.keeps_best is not None]
+    said = [stage.only_best(row.settings) for stage in after if stage.only_best is not None]
+    kept = [stage.argmax_invariant(row.settings) for stage in after if stage.argmax_invariant is not None]
     return jnp.any(jnp.stack(said)) & jnp.all(jnp.stack(kept))
 
   return jax.vmap(one)(rows) & jnp.all((touched < 0) | (touched >= vocab), axis=1)
@@ -183,14 +187,14 @@ def best(raw: jax.Array, mask, strategy: Strategy) -> Candidates:
 
 def row_statistic(stages, raw, mask, rows: RowInputs, strategy: Strategy) -> jax.Array:
   """The row statistic ``[B]`` of the first stage that declares one, over the cleaned rows."""
-  index = stat_stage(stages)
+  index = statistic_stage(stages)
   assert index is not None
   stage = stages[index]
   vocab = raw.shape[-1]
 
   def one(r, m, row):
     x = cut.clean_row(r, m, branch_free=strategy.branch_free)
-    return jnp.asarray(stage.row_stat(x, row.settings, context(stage, row, vocab, strategy)), jnp.float32)
+    return jnp.asarray(stage.row_statistic(x, row.settings, context(stage, row, vocab, strategy)), jnp.float32)
 
   if strategy.branch_free or not raw.shape[0]:
     return jax.vmap(one)(raw, mask, rows)
@@ -222,12 +226,12 @@ def _lowers(touchers, rows: RowInputs, vocab: int, strategy: Strategy) -> jax.Ar
 
 
 def _skipped(stages: tuple[Stage, ...], rows: RowInputs, strategy: Strategy) -> list[jax.Array | None]:
-  """Per stage, whether every row has it off (:attr:`Stage.off`), a scalar the CPU strategy branches on; None
-  where it never skips the stage (no ``off``, or the accelerator strategy, which does not branch)."""
+  """Per stage, whether every row has it neutral (:attr:`Stage.is_neutral`), a scalar the CPU strategy branches
+  on; None where it never skips the stage (no ``is_neutral``, or the accelerator strategy, which does not branch)."""
   if strategy.branch_free:
     return [None] * len(stages)
   return [
-    None if stage.off is None else jnp.all(jax.vmap(lambda row, st=stage: st.off(row.settings))(rows))
+    None if stage.is_neutral is None else jnp.all(jax.vmap(lambda row, st=stage: st.is_neutral(row.settings))(rows))
     for stage in stages
   ]
 
@@ -277,7 +281,7 @@ def _cut_row(
   row are among the touched ids and the raw best as long as at most ``m`` of
   the raw best changed (then ``K`` unchanged ones beat every token beyond
   them), or when a stage leaves no untouched token alive (it says so with
-  ``complete``: allowed ids). A stage that only lowers logits cannot lift a
+  ``covers_row``: allowed ids). A stage that only lowers logits cannot lift a
   token from beyond the raw best, so its touched ids may be left out
   (``touched`` of width 0).
   """
@@ -306,13 +310,13 @@ def _cut_row(
   # The last kept logit as the minimum, not best[-1]: slicing top_k's values makes XLA's CPU backend
   # trade its TopK kernel for a full sort (over twice as slow).
   last = jnp.min(best)
-  # Complete: no token beyond the kept ones survives. Those beyond the list
+  # Covers the row: no token beyond the kept ones survives. Those beyond the list
   # hold none when the row was whole or a stage removed every untouched token.
   return c._replace(
     ids=kept_ids,
     logits=best,
-    complete=c.complete & ((whole & (kept == wide)) | (last == -jnp.inf)),
-    exact=c.exact & (c.complete | (changed <= extra) | _ahead(last, kept_ids[-1], logits[-1], ids[-1])),
+    covers_row=c.covers_row & ((whole & (kept == wide)) | (last == -jnp.inf)),
+    decided=c.decided & (c.covers_row | (changed <= extra) | _ahead(last, kept_ids[-1], logits[-1], ids[-1])),
   )
 
 
@@ -322,13 +326,13 @@ def _ahead(logit, token, last, last_id) -> jax.Array:
   return (logit > last) | ((logit == last) & (token <= last_id))
 
 
-def _chain_row(stages, vocab: int, strategy: Strategy, skip, c: Candidates, row: RowInputs, stat) -> Candidates:
+def _chain_row(stages, vocab: int, strategy: Strategy, skip, c: Candidates, row: RowInputs, statistic) -> Candidates:
   """The ``O(K)`` rest of the candidate path, for one row; ``skip`` (unbatched) leaves out the stages every row
-  has off."""
-  index = stat_stage(stages)
+  has neutral."""
+  index = statistic_stage(stages)
   for i, stage in enumerate(stages):
     if stage.touches is None:
-      ctx = context(stage, row, vocab, strategy, stat if i == index else None)
+      ctx = context(stage, row, vocab, strategy, statistic if i == index else None)
       apply = functools.partial(lambda c, stage, ctx: stage.on_candidates(c, row.settings, ctx), stage=stage, ctx=ctx)
       c = apply(c) if skip[i] is None else jax.lax.cond(skip[i], lambda c: c, apply, c)
   return c

@@ -8,6 +8,9 @@ defaults of its settings (any setting of its stages: ``temperature``,
 stages: ``logit_bias_size``, ``allowed_tokens_size``, ``banned_tokens_size``,
 ``eos_size`` (min_tokens' end-of-sequence list), ``max_breakers`` and
 ``max_breaker_length`` (DRY).
+
+:func:`chain_of` builds a recipe from an order of :data:`STAGES` names; the
+config readers use it for the sampler order a request or a model file gives.
 """
 
 from collections.abc import Callable
@@ -15,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from jsample._src.sampler import Sampler
-from jsample._src.stage import Stage
+from jsample._src.stage import Setting, Stage
 from jsample._src.stages.dry import dry
 from jsample._src.stages.floors import epsilon, eta
 from jsample._src.stages.logit_bias import logit_bias
@@ -31,8 +34,7 @@ from jsample._src.stages.truncation import top_p as top_p_stage
 from jsample._src.stages.typical import typical
 from jsample._src.stages.xtc import xtc
 
-# Each stage by name, with the static sizes of its factory that a recipe keyword may set.
-_STAGES: dict[str, tuple[Callable[..., Stage], dict[str, str]]] = {
+STAGES: dict[str, tuple[Callable[..., Stage], dict[str, str]]] = {
   "logit_bias": (logit_bias, {"logit_bias_size": "size"}),
   "allowed_tokens": (allowed_tokens, {"allowed_tokens_size": "size"}),
   "banned_tokens": (banned_tokens, {"banned_tokens_size": "size"}),
@@ -51,6 +53,9 @@ _STAGES: dict[str, tuple[Callable[..., Stage], dict[str, str]]] = {
   "epsilon": (epsilon, {}),
   "eta": (eta, {}),
 }
+"""The stages a recipe's order can name: by name, the stage's factory and the recipe keywords that set its static
+sizes (keyword -> the factory's argument). ``openai_penalties`` is :func:`penalties` with OpenAI's scope."""
+
 _SIZES = ("window_size", "budget", "vocab_size", "strategy")
 
 
@@ -89,11 +94,16 @@ def chain(
   return Sampler(tuple(stages), window_size=window_size, budget=budget, vocab_size=vocab_size, strategy=strategy)
 
 
-def _recipe(order: tuple[str, ...], defaults: dict, overrides: dict) -> Sampler:
-  """The chain of ``order``'s stages, each setting's default from ``overrides``, then ``defaults``."""
-  sized = {key: (name, arg) for name in order for key, arg in _STAGES[name][1].items()}
+def chain_of(order: tuple[str, ...], defaults: dict, overrides: dict) -> Sampler:
+  """The chain of ``order``'s stages (names in :data:`STAGES`), each setting's default from ``overrides``, then
+  ``defaults``, then its stage's; ``overrides`` may also hold the static sizes (see the module docstring).
+
+  Raises:
+    ValueError: a key of ``overrides`` that is neither a setting nor a size of the chain.
+  """
+  sized = {key: (name, arg) for name in order for key, arg in STAGES[name][1].items()}
   stages = [
-    _STAGES[name][0](
+    STAGES[name][0](
       **{arg: overrides[key] for key, (owner, arg) in sized.items() if owner == name and key in overrides}
     )
     for name in order
@@ -109,15 +119,19 @@ def _recipe(order: tuple[str, ...], defaults: dict, overrides: dict) -> Sampler:
     if setting.name not in values:
       return setting.default
     if setting.shape:  # a list setting (ids, breakers): the value as its stage pads it
-      return _padded(setting, values[setting.name])
+      return padded(setting, values[setting.name])
     return values[setting.name]
 
   stages = [stage._replace(settings=tuple(s._replace(default=default(s)) for s in stage.settings)) for stage in stages]
   return chain(*stages, **{name: values[name] for name in _SIZES if name in values})
 
 
-def _padded(setting, value) -> np.ndarray:
-  """A list setting's value at its static shape, ``-1`` (ids) or ``0`` (biases) padded."""
+def padded(setting, value) -> np.ndarray:
+  """A list setting's value at its static shape, ``-1`` (ids) or ``0`` (biases) padded.
+
+  Raises:
+    ValueError: ``value`` has more entries than ``setting.shape`` holds.
+  """
   v = np.asarray(value, np.asarray(setting.default).dtype)
   if v.shape == setting.shape:
     return v
@@ -126,6 +140,19 @@ def _padded(setting, value) -> np.ndarray:
   out = np.full(setting.shape, -1 if np.issubdtype(v.dtype, np.integer) else 0, v.dtype)
   out[tuple(slice(0, n) for n in v.shape)] = v
   return out
+
+
+def settings_of(order: tuple[str, ...]) -> dict[str, Setting]:
+  """Each setting of ``order``'s stages (names in :data:`STAGES`) by name, as its stage declares it: its default,
+  its neutral value, ... (a setting that several stages share, ``min_keep``, appears once).
+
+  Examples:
+    >>> from jsample._src import recipes
+    >>> top_k = recipes.settings_of(("top_k", "temperature"))["top_k"]
+    >>> top_k.default, top_k.neutral
+    (40, 0)
+  """
+  return {s.name: s for name in order for s in STAGES[name][0]().settings}
 
 
 LLAMA_CPP_ORDER = (
@@ -179,10 +206,11 @@ def llama_cpp(**overrides) -> Sampler:
 
   Order: logit bias → penalties → DRY → top-n-σ → top-k → typical → top-p →
   min-p → XTC → temperature (with dynamic temperature) → mirostat → draw,
-  with llama-server's defaults: temperature 0.8, top-k 40, top-p 0.95, min-p
-  0.05, and every other stage neutral (penalties over the whole 64-token
-  window, DRY with multiplier 0, base 1.75, allowed length 2, top-n-σ -1,
-  typical 1, XTC probability 0 and threshold 0.1, mirostat 0, tau 5, eta 0.1).
+  with llama-server's defaults, which are its stages' own: temperature 0.8,
+  top-k 40, top-p 0.95, min-p 0.05, and every other stage neutral (penalties
+  over the whole 64-token window, DRY with multiplier 0, base 1.75, allowed
+  length 2, top-n-σ -1, typical 1, XTC probability 0 and threshold 0.1,
+  mirostat 0, tau 5, eta 0.1).
 
   Mirostat: in llama.cpp ``mirostat`` 1 or 2 replaces the whole chain with
   ``[logit_bias] + temp(temperature) + mirostat``. A per-row setting cannot
@@ -204,24 +232,25 @@ def llama_cpp(**overrides) -> Sampler:
     >>> [stage.name for stage in sampler.stages][:4]
     ['logit_bias', 'penalties', 'dry', 'top_n_sigma']
   """
-  defaults = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
-  return _recipe(LLAMA_CPP_ORDER, defaults, overrides)
+  return chain_of(LLAMA_CPP_ORDER, {}, overrides)
 
 
-MIROSTAT_NEUTRAL = dict(
-  repeat_penalty=1.0,
-  frequency_penalty=0.0,
-  presence_penalty=0.0,
-  dry_multiplier=0.0,
-  top_n_sigma=-1.0,
-  top_k=0,
-  typical_p=1.0,
-  top_p=1.0,
-  min_p=0.0,
-  xtc_probability=0.0,
-  dynatemp_range=0.0,
+_MIROSTAT_OFF = (
+  "repeat_penalty",
+  "frequency_penalty",
+  "presence_penalty",
+  "dry_multiplier",
+  "top_n_sigma",
+  "top_k",
+  "typical_p",
+  "top_p",
+  "min_p",
+  "xtc_probability",
+  "dynatemp_range",
 )
-"""The settings that make :func:`llama_cpp`'s chain llama.cpp's mirostat chain on a mirostat row."""
+"""The settings that, at their neutral values, make :func:`llama_cpp`'s chain llama.cpp's mirostat chain: the one
+that turns off each stage between logit bias and temperature (the penalties' three strengths), and dynamic
+temperature's range. Their scopes (``penalty_last_n``, ``min_keep``, ...) keep the row's values."""
 
 
 def mirostat_neutral(settings: dict) -> dict:
@@ -233,7 +262,8 @@ def mirostat_neutral(settings: dict) -> dict:
     0
   """
   if settings.get("mirostat", 0) in (1, 2):
-    return {**settings, **MIROSTAT_NEUTRAL}
+    llama = settings_of(LLAMA_CPP_ORDER)
+    return {**settings, **{name: llama[name].neutral for name in _MIROSTAT_OFF}}
   return dict(settings)
 
 
@@ -254,7 +284,7 @@ def gemma(**overrides) -> Sampler:
     1.0
   """
   defaults = dict(temperature=1.0, top_k=64, top_p=0.95, min_p=0.05)
-  return _recipe(GEMMA_ORDER, defaults, overrides)
+  return chain_of(GEMMA_ORDER, defaults, overrides)
 
 
 def vllm(**overrides) -> Sampler:
@@ -277,7 +307,7 @@ def vllm(**overrides) -> Sampler:
     ['penalties', 'temperature', 'min_p', 'top_k', 'top_p']
   """
   defaults = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
-  return _recipe(VLLM_ORDER, defaults, overrides)
+  return chain_of(VLLM_ORDER, defaults, overrides)
 
 
 def hf(**overrides) -> Sampler:
@@ -300,4 +330,4 @@ def hf(**overrides) -> Sampler:
     ['temperature', 'top_k', 'top_p', 'min_p', 'typical', 'epsilon', 'eta']
   """
   defaults = dict(temperature=1.0, top_k=50, top_p=1.0, min_p=0.0)
-  return _recipe(HF_ORDER, defaults, overrides)
+  return chain_of(HF_ORDER, defaults, overrides)

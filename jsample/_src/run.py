@@ -56,11 +56,11 @@ def draws(
   needs_logprob = logprob or any(stage.update is not None for stage in sampler.stages)
 
   def fast(cands):
-    return jax.vmap(draw.on_candidates)(cands.logits, cands.ids, rows.bits)
+    return jax.vmap(draw.on_candidates)(cands.logits, cands.ids, rows.step_bits)
 
   def slow(raw, mask, row):
     final = paths.full_path(sampler.stages, raw, mask, row, strategy)
-    return draw.on_row(final, row.bits, strategy.race_row, logprob=needs_logprob)
+    return draw.on_row(final, row.step_bits, strategy.race_row, logprob=needs_logprob)
 
   batch = raw.shape[0]
   blank = Draw(jnp.zeros(batch, jnp.int32), jnp.zeros(batch, bool), jnp.zeros(batch, jnp.float32))
@@ -104,8 +104,8 @@ def route(sampler, raw, mask, rows: paths.RowInputs, strategy: strategies.Strate
 
   def run_chain():
     (first, ok), refine = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, strategy)
-    cands, decided, full = strategy.fallback(ok, first, refine, slow, blank, raw, mask, rows)
-    return strategies.select(decided, fast(cands), full)
+    cands, settled, full = strategy.fallback(ok, first, refine, slow, blank, raw, mask, rows)
+    return strategies.select(settled, fast(cands), full)
 
   greedy = paths.greedy(sampler.stages, rows, raw.shape[-1], strategy)
   if greedy is None or not raw.shape[0]:
@@ -121,8 +121,8 @@ def advance(sampler, state: SamplerState, drawn: Draw, inputs: dict, vocab: int)
   stages = dict(state.stages)
   updating = [stage for stage in sampler.stages if stage.update is not None]
   if updating:
-    bits = jax.vmap(noise.step_bits)(state.key, state.position)
-    rows = paths.RowInputs(state.settings, state.window, state.position, bits, inputs, state.stages)
+    step_bits = jax.vmap(noise.step_bits)(state.key, state.position)
+    rows = paths.RowInputs(state.settings, state.window, state.position, step_bits, inputs, state.stages)
     strategy = strategies.resolve(sampler.strategy)
 
     def update(stage, row, token, logprob):
@@ -161,8 +161,8 @@ def prepare(sampler, logits, state: SamplerState, inputs: dict):
   if single:
     logits, given, state = jax.tree.map(lambda a: a[None], (logits, given, state))
   mask = given.pop("mask", None)
-  bits = jax.vmap(noise.step_bits)(state.key, state.position)
-  rows = paths.RowInputs(state.settings, state.window, state.position, bits, given, state.stages)
+  step_bits = jax.vmap(noise.step_bits)(state.key, state.position)
+  rows = paths.RowInputs(state.settings, state.window, state.position, step_bits, given, state.stages)
   return (logits, mask), rows, single, strategies.resolve(sampler.strategy)
 
 

@@ -114,7 +114,7 @@ def sharded(
     known = (best, touched, touched_logits, rows)
     candidates = functools.partial(_candidates, sampler, vocab, strategy)
     first, ok = per_row(lambda b, t, tl, r: candidates(b, t, tl, r, None), *known)
-    race = functools.partial(per_row, lambda c, bits: jax.vmap(draw.on_candidates)(c.logits, c.ids, bits))
+    race = functools.partial(per_row, lambda c, step_bits: jax.vmap(draw.on_candidates)(c.logits, c.ids, step_bits))
     whole = NamedSharding(mesh, P(rows_axis, vocab_axis))
     # A stage that updates its state (mirostat) needs the drawn token's log-probability.
     logprob = any(stage.update is not None for stage in sampler.stages)
@@ -122,14 +122,14 @@ def sharded(
     def rare():  # the log-normalisers, a pass over every shard, only where some row needs them
       log_z = _shard_log_z(mesh, vocab_axis, rows_axis, strategy, raw, mask, tops)
       refined, better = per_row(candidates, *known, log_z)
-      drawn, decided = race(strategies.select(ok, first, refined), rows.bits), ok | better
+      drawn, settled = race(strategies.select(ok, first, refined), rows.step_bits), ok | better
 
       def full():  # the rows the candidates still cannot decide, on the whole sharded row
-        return strategies.select(decided, drawn, _full_path(sampler, whole, raw, mask, rows, logprob))
+        return strategies.select(settled, drawn, _full_path(sampler, whole, raw, mask, rows, logprob))
 
-      return lax.cond(jnp.all(decided), lambda: drawn, full)
+      return lax.cond(jnp.all(settled), lambda: drawn, full)
 
-    drawn = lax.cond(jnp.all(ok), lambda: race(first, rows.bits), rare)
+    drawn = lax.cond(jnp.all(ok), lambda: race(first, rows.step_bits), rare)
     after = per_row(lambda s, d, i: run.advance(sampler, s, d, i, vocab), before, drawn, rows.inputs)
     if single:
       return drawn.token[0], jax.tree.map(lambda a: a[0], after)
@@ -139,7 +139,7 @@ def sharded(
 
 
 def _candidates(sampler, vocab: int, strategy, best, touched, touched_logits, rows, log_z):
-  """The candidate path on the merged candidates: ``(candidates, decided)``; without ``log_z`` (None), the
+  """The candidate path on the merged candidates: ``(candidates, settled)``; without ``log_z`` (None), the
   first run, else the run with the row's log-normalisers."""
   (first, ok), refine = paths.from_best(
     sampler.stages,
@@ -167,7 +167,8 @@ def _full_path(sampler, whole: NamedSharding, raw, mask, rows: paths.RowInputs, 
     x = jnp.where(lax.with_sharding_constraint(allowed, whole), x, -jnp.inf)
 
   def one(x, row):
-    return draw.on_row(paths.on_row(sampler.stages, x, row, strategy), row.bits, strategy.race_row, logprob=logprob)
+    final = paths.on_row(sampler.stages, x, row, strategy)
+    return draw.on_row(final, row.step_bits, strategy.race_row, logprob=logprob)
 
   return jax.vmap(one)(x, rows)
 

@@ -26,15 +26,17 @@ from jsample._src.state import SamplerState
 _TAG = 0x5BEC
 
 
-def step_words(key: jax.Array, position: jax.Array) -> jax.Array:
-  """Four uint32 words of one row's verifier stream at ``position``: a coin's and a race's.
+def verifier_bits(key: jax.Array, position: jax.Array) -> jax.Array:
+  """One row's verifier bits at ``position``: four uint32 from the verifier's own stream, a coin's and a race's.
+
+  Not :func:`noise.step_bits`: a stream of its own (see ``_TAG``).
 
   Args:
     key: a typed PRNG key ``[]``.
     position: the position the token would take ``[]``.
 
   Returns:
-    ``[4]`` uint32: words 0 and 1 make the coin, words 2 and 3 key the correction's race.
+    ``[4]`` uint32: entries 0 and 1 make the coin, entries 2 and 3 are the correction race's step bits.
   """
   step = jax.random.fold_in(jax.random.fold_in(key, position), _TAG)
   return jax.random.bits(step, (4,), jnp.uint32)
@@ -119,8 +121,8 @@ def _batch(sampler, draft_tokens, draft_probs, target_logits, state: SamplerStat
     p = run.probs(sampler, _at(target_logits, j), state, now)
     p_x = _gather(p, x)
     q_x = jnp.ones_like(p_x) if draft_probs is None else _gather(_at(draft_probs, j), x).astype(jnp.float32)
-    words = jax.vmap(step_words)(state.key, state.position)
-    coin = noise.unit_interval(words[:, 0], words[:, 1])
+    bits = jax.vmap(verifier_bits)(state.key, state.position)
+    coin = noise.unit_interval(bits[:, 0], bits[:, 1])
     # u < p / q without the division: where q(x) = 0, any x the target allows is kept.
     kept = coin * q_x < p_x
     first = ~refused & ~kept
@@ -150,8 +152,8 @@ def _batch(sampler, draft_tokens, draft_probs, target_logits, state: SamplerStat
   # Rounding can leave no residual mass (p = q to the last bit); p itself is then the answer.
   residual = jnp.where(jnp.sum(residual, axis=1, keepdims=True) > 0, residual, p_at)
   scores = jnp.where(residual > 0, jnp.log(jnp.where(residual > 0, residual, 1.0)), -jnp.inf)
-  words = jax.vmap(step_words)(state_at.key, state_at.position)
-  token, valid = jax.vmap(strategy.race_row)(scores, words[:, 2:])
+  bits = jax.vmap(verifier_bits)(state_at.key, state_at.position)
+  token, valid = jax.vmap(strategy.race_row)(scores, bits[:, 2:])
   logprob = jnp.where(valid, jnp.log(_gather(p_at, token)), 0.0)
   at_inputs = jax.tree.map(lambda a: jnp.take_along_axis(a, _index(at, a.ndim), axis=1)[:, 0], _nonmask(given))
   corrected = run.advance(sampler, state_at, Draw(token, valid, logprob), at_inputs, vocab)

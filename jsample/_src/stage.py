@@ -20,9 +20,9 @@ declare:
   ids beside the ``K`` best, so any change to them, up or down, stays exact;
   a stage that declares ``lowers`` only ever lowers them (DRY), and its ids
   need not join the cut: a lowered token outside it cannot rise into it;
-- ``row_stat``: a statistic of the row as the cut gives it (temperature: the
-  log-normaliser of the tempered row), computed in a batched pass over ``V``
-  when some row needs it and passed in as ``Context.stat``;
+- ``row_statistic``: a statistic of the row as the cut gives it (temperature:
+  the log-normaliser of the tempered row), computed in a batched pass over
+  ``V`` when some row needs it and passed in as ``Context.row_statistic``;
 - ``init_state`` and ``update``: per-row state of its own (mirostat's ``mu``),
   kept in ``SamplerState.stages[name]`` and updated after every draw and by
   :meth:`Sampler.accept`;
@@ -57,7 +57,7 @@ class Setting(NamedTuple):
       checks concrete values in ``init`` and traced ones in
       :meth:`Sampler.checked` mode, so write it with operators and ``jnp``.
     allowed: the allowed range in words, for error messages.
-    neutral: the value that turns the stage off (None: no single such value).
+    neutral: the value that makes the stage neutral, the identity (None: no single such value).
     help: one line for ``--help`` texts and docs.
     shape: one row's shape: ``()`` for a scalar, ``(N,)`` for a short vector
       (logit-bias ids, say); ``init`` takes ``[N]`` for every row or ``[B, N]``.
@@ -92,11 +92,11 @@ class Context(NamedTuple):
     vocab: ``V``, the size of the vocabulary (static).
     offset: the token id of the row's first entry: ``on_row`` sees tokens
       ``offset .. offset + width - 1`` (0 unless the vocabulary is sharded).
-    bits: ``[2]`` uint32, the row's step bits (``fold_in(key, position)``);
+    step_bits: ``[2]`` uint32, the row's step bits (``fold_in(key, position)``);
       use :meth:`uniform` for a stage's own randomness.
     inputs: the per-call inputs the stage declared, for this row.
     state: the stage's own state for this row (None without ``init_state``).
-    stat: the stage's row statistic (on candidates), or None where it is not
+    row_statistic: the stage's row statistic (on candidates), or None where it is not
       computed (the first pass, or the stage declared none). It describes the
       row as the cut gave it, so it holds for the row the stage sees only where
       ``Candidates.log_z_known`` does; only the first stage that declares a
@@ -116,10 +116,10 @@ class Context(NamedTuple):
   position: jax.Array
   vocab: int
   offset: Any = 0
-  bits: Any = None
+  step_bits: Any = None
   inputs: dict[str, jax.Array] = {}
   state: Any = None
-  stat: Any = None
+  row_statistic: Any = None
   branch_free: bool = False
 
   def ids(self, width: int) -> jax.Array:
@@ -132,7 +132,7 @@ class Context(NamedTuple):
     Stages that need a coin (XTC) use their own salt, so that their coin never
     repeats the noise of the draw.
     """
-    return noise.uniform(self.bits, jnp.asarray([-1 - salt], jnp.int32))[0]
+    return noise.uniform(self.step_bits, jnp.asarray([-1 - salt], jnp.int32))[0]
 
 
 class Candidates(NamedTuple):
@@ -149,8 +149,8 @@ class Candidates(NamedTuple):
       this stage sees it, candidate or not; meaningful where ``log_z_known``.
     log_z_known: ``[]`` bool: False before the row's statistics are computed,
       and after a stage changed tokens outside the candidates.
-    complete: ``[]`` bool, True when no token outside the candidates survives.
-    exact: ``[]`` bool, False when a stage could not decide from candidates;
+    covers_row: ``[]`` bool, True when no token outside the candidates survives.
+    decided: ``[]`` bool, False when a stage could not decide from candidates;
       the row then takes the full-vocabulary path.
 
   Examples:
@@ -159,7 +159,7 @@ class Candidates(NamedTuple):
     >>> c = Candidates(jnp.array([2, 0, 1]), jnp.array([3.0, 1.0, 0.5]), jnp.float32(0), no, yes, yes)
     >>> c.keep(c.logits > 0.9).logits.tolist()
     [3.0, 1.0, -inf]
-    >>> [round(float(v), 4) for v in c.log_normaliser()]  # complete: from the candidates themselves
+    >>> [round(float(v), 4) for v in c.log_normaliser()]  # covers_row: from the candidates themselves
     [3.1967, 1.0]
   """
 
@@ -167,13 +167,13 @@ class Candidates(NamedTuple):
   logits: jax.Array
   log_z: jax.Array
   log_z_known: jax.Array
-  complete: jax.Array
-  exact: jax.Array
+  covers_row: jax.Array
+  decided: jax.Array
 
   def log_normaliser(self) -> tuple[jax.Array, jax.Array]:
-    """``(log Σ exp over all survivors, whether it is known)``: from the candidates when complete."""
-    known = self.complete | self.log_z_known
-    return jnp.where(self.complete, logsumexp(self.logits), self.log_z), known
+    """``(log Σ exp over all survivors, whether it is known)``: from the candidates when they cover the row."""
+    known = self.covers_row | self.log_z_known
+    return jnp.where(self.covers_row, logsumexp(self.logits), self.log_z), known
 
   def keep(self, keep: jax.Array) -> "Candidates":
     """Removes the candidates where ``keep`` is False."""
@@ -211,23 +211,24 @@ class Stage(NamedTuple):
       where the stage never raises a logit it touches (penalties with
       weights that only penalise); where every row says so, the CPU cut
       skips the touched ids beyond the raw best.
-    greedy: ``(settings) -> bool``, optional: True where the stage keeps only
-      the best token it is given (temperature 0, top-k 1).
-    keeps_best: ``(settings) -> bool``, optional: True where the stage keeps
-      the best token it is given and lifts no other above it (a truncation, a
-      temperature). Where one stage is greedy and every stage after the cut
-      keeps the best, the row's token is the best of the cut, and a batch of
-      such rows takes one argmax-like pass (no stage missing this is assumed to).
-    row_stat: ``(row [V], settings, Context) -> []``, a statistic of the
-      cleaned row as the cut gives it, passed to ``on_candidates`` as
-      ``Context.stat``.
+    only_best: ``(settings) -> bool``, optional: True where the stage keeps
+      only the best token it is given (temperature 0, top-k 1).
+    argmax_invariant: ``(settings) -> bool``, optional: True where the stage
+      keeps the best token it is given and lifts no other above it (a
+      truncation, a temperature; vLLM's term). Where one stage keeps only the
+      best and every stage after the cut is argmax-invariant, the row's token
+      is the best of the cut, and a batch of such rows takes one argmax-like
+      pass (no stage missing this is assumed to be argmax-invariant).
+    row_statistic: ``(row [V], settings, Context) -> []``, a statistic of
+      the cleaned row as the cut gives it, passed to ``on_candidates`` as
+      ``Context.row_statistic``.
     init_state: ``() -> pytree``, one row's initial state.
     update: ``(state, token, logprob, settings, Context) -> state``, after a
       draw (``logprob`` of the token under the final distribution, NaN when
       :meth:`Sampler.accept` appended it).
     inputs: names of the per-call inputs the stage reads.
-    off: ``(settings) -> bool``, optional: True where ``on_candidates`` is
-      the identity (logits and flags alike), as for a neutral setting. Where
+    is_neutral: ``(settings) -> bool``, optional: True where ``on_candidates``
+      is the identity (logits and flags alike), as for a neutral setting. Where
       every row of a batch says so, the CPU strategy skips the stage (one
       ``lax.cond``), so a stage left neutral costs nothing. A stage with
       ``touches`` needs none: touching no id (``-1``), it changes nothing.
@@ -247,13 +248,13 @@ class Stage(NamedTuple):
   on_row: OnRow
   touches: Callable[[Settings, Context], jax.Array] | None = None
   lowers: Callable[[Settings, Context], jax.Array] | None = None
-  greedy: Callable[[Settings], jax.Array] | None = None
-  keeps_best: Callable[[Settings], jax.Array] | None = None
-  row_stat: Callable[[jax.Array, Settings, Context], jax.Array] | None = None
+  only_best: Callable[[Settings], jax.Array] | None = None
+  argmax_invariant: Callable[[Settings], jax.Array] | None = None
+  row_statistic: Callable[[jax.Array, Settings, Context], jax.Array] | None = None
   init_state: Callable[[], Any] | None = None
   update: Callable[..., Any] | None = None
   inputs: tuple[str, ...] = ()
-  off: Callable[[Settings], jax.Array] | None = None
+  is_neutral: Callable[[Settings], jax.Array] | None = None
 
 
 def elementwise(
@@ -261,9 +262,9 @@ def elementwise(
   settings: tuple[Setting, ...],
   rule: Callable[[jax.Array, jax.Array, jax.Array, Settings, Context], jax.Array],
   *,
-  off: Callable[[Settings], jax.Array] | None = None,
-  settles: Callable[[Candidates, Candidates, Settings], jax.Array] | None = None,
-  keeps_best: Callable[[Settings], jax.Array] | None = None,
+  is_neutral: Callable[[Settings], jax.Array] | None = None,
+  covers_row: Callable[[Candidates, Candidates, Settings], jax.Array] | None = None,
+  argmax_invariant: Callable[[Settings], jax.Array] | None = None,
 ) -> Stage:
   """A stage from one elementwise rule, applied alike to candidates and to a row.
 
@@ -275,17 +276,17 @@ def elementwise(
       It may remove tokens (``-inf``) and lower or raise logits, but must keep
       the order of any two tokens it keeps (a monotone map, or removal), so
       that tokens outside the candidates stay below them.
-    off: optional ``settings -> bool``, True where the rule is the identity
-      (the full path then skips its pass over the row).
-    settles: optional ``(before, after, settings) -> bool``: True where no
-      token outside the candidates survives the rule (min-p's threshold above
-      the last candidate, say).
-    keeps_best: optional ``settings -> bool``, True where the rule keeps the
-      best token (see :attr:`Stage.keeps_best`).
+    is_neutral: optional ``settings -> bool``, True where the rule is the
+      identity (the full path then skips its pass over the row).
+    covers_row: optional ``(before, after, settings) -> bool``: True where no
+      token outside the candidates survives the rule, so that the candidates
+      cover the row (min-p's threshold above the last candidate, say).
+    argmax_invariant: optional ``settings -> bool``, True where the rule keeps
+      the best token (see :attr:`Stage.argmax_invariant`).
 
   Returns:
-    A :class:`Stage`. Where the rule changed something and the candidates are
-    not complete, the row's log-normaliser becomes unknown.
+    A :class:`Stage`. Where the rule changed something and the candidates do
+    not cover the row, the row's log-normaliser becomes unknown.
 
   Examples:
     >>> import jax.numpy as jnp, jsample
@@ -302,15 +303,15 @@ def elementwise(
     alive = c.logits > -jnp.inf
     best = jnp.max(c.logits)
     after = c._replace(logits=jnp.where(alive, rule(c.logits, c.ids, best, s, ctx), -jnp.inf))
-    identity = jnp.bool_(False) if off is None else off(s)
-    settled = c.complete | (jnp.bool_(False) if settles is None else settles(c, after, s))
+    identity = jnp.bool_(False) if is_neutral is None else is_neutral(s)
+    covers = c.covers_row | (jnp.bool_(False) if covers_row is None else covers_row(c, after, s))
     # A rule that emptied the candidates says nothing of the tokens beyond them.
-    emptied = ~jnp.any(after.logits > -jnp.inf) & jnp.any(alive) & ~settled
+    emptied = ~jnp.any(after.logits > -jnp.inf) & jnp.any(alive) & ~covers
     return after._replace(
       logits=jnp.where(identity, c.logits, after.logits),
       log_z_known=c.log_z_known & identity,
-      complete=jnp.where(identity, c.complete, settled),
-      exact=c.exact & (identity | ~emptied),
+      covers_row=jnp.where(identity, c.covers_row, covers),
+      decided=c.decided & (identity | ~emptied),
     )
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
@@ -318,9 +319,9 @@ def elementwise(
       alive = logits > -jnp.inf
       return jnp.where(alive, rule(logits, ctx.ids(logits.shape[0]), jnp.max(logits), s, ctx), -jnp.inf)
 
-    return apply() if off is None else lax.cond(~off(s), apply, lambda: logits)
+    return apply() if is_neutral is None else lax.cond(~is_neutral(s), apply, lambda: logits)
 
-  return Stage(name, settings, on_candidates, on_row, keeps_best=keeps_best, off=off)
+  return Stage(name, settings, on_candidates, on_row, argmax_invariant=argmax_invariant, is_neutral=is_neutral)
 
 
 def survivor_rank(logits: jax.Array) -> jax.Array:

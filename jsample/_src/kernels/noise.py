@@ -18,7 +18,7 @@ from jax import lax
 _MUL_A = 0x7FEB352D
 _MUL_B = 0x846CA68B
 _GOLDEN = 0x9E3779B9
-# Token-level hashes use salted words, so they never repeat a group's hash.
+# Token-level hashes use salted step bits, so they never repeat a group's hash.
 _TOKEN_SALT = np.array([0xA5A5A5A5, 0x3C3C3C3C], np.uint32)
 
 GROUP = 32  # ids per noise group: 0..31, 32..63, ...
@@ -46,25 +46,25 @@ def step_bits(key: jax.Array, position: jax.Array) -> jax.Array:
   return jax.random.bits(step, (2,), jnp.uint32)
 
 
-def _bits(words: jax.Array, ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _bits(step_bits: jax.Array, ids: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Two hashed uint32 words per id."""
   c = ids.astype(jnp.uint32)
-  hi = _mix(_mix(c ^ words[0]) + words[1])
-  lo = _mix(_mix(c + jnp.uint32(_GOLDEN)) ^ hi ^ words[1])
+  hi = _mix(_mix(c ^ step_bits[0]) + step_bits[1])
+  lo = _mix(_mix(c + jnp.uint32(_GOLDEN)) ^ hi ^ step_bits[1])
   return hi, lo
 
 
-def uniform(words: jax.Array, ids: jax.Array) -> jax.Array:
+def uniform(step_bits: jax.Array, ids: jax.Array) -> jax.Array:
   """A uniform in ``[0, 1)`` per token id, with 2^-56 resolution near zero.
 
   Args:
-    words: ``[2]`` uint32 from :func:`step_bits`.
+    step_bits: ``[2]`` uint32 from :func:`step_bits`.
     ids: token ids ``[N]`` int32.
 
   Returns:
     ``[N]`` float32 in ``[0, 1)``.
   """
-  return unit_interval(*_bits(words, ids))
+  return unit_interval(*_bits(step_bits, ids))
 
 
 def unit_interval(hi: jax.Array, lo: jax.Array) -> jax.Array:
@@ -81,7 +81,7 @@ def unit_interval(hi: jax.Array, lo: jax.Array) -> jax.Array:
   return jnp.minimum(coarse + fine, jnp.float32(1 - 2.0**-24))
 
 
-def gumbel(words: jax.Array, ids: jax.Array) -> jax.Array:
+def gumbel(step_bits: jax.Array, ids: jax.Array) -> jax.Array:
   """Gumbel noise keyed by token id: ``[N]`` float32, independent across ids.
 
   The noise is built top-down per group of ``GROUP`` consecutive ids, so that
@@ -96,8 +96,8 @@ def gumbel(words: jax.Array, ids: jax.Array) -> jax.Array:
   for small ``u``, so the upper tail (what lets an unlikely token win) is
   honest down to probabilities near 2^-56.
   """
-  top, leader = _group(words, ids // GROUP)
-  rest = -jnp.log(jnp.exp(-top) + _exponential(*_bits(words ^ _TOKEN_SALT, ids)))
+  top, leader = _group(step_bits, ids // GROUP)
+  rest = -jnp.log(jnp.exp(-top) + _exponential(*_bits(step_bits ^ _TOKEN_SALT, ids)))
   return jnp.where(ids % GROUP == leader, top, rest)
 
 
@@ -105,32 +105,32 @@ def _exponential(hi: jax.Array, lo: jax.Array) -> jax.Array:
   return -jnp.log1p(-unit_interval(hi, lo))
 
 
-def _group(words: jax.Array, groups: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _group(step_bits: jax.Array, groups: jax.Array) -> tuple[jax.Array, jax.Array]:
   """The largest noise of each group and the member (``0..GROUP-1``) that holds it."""
-  hi, lo = _bits(words, groups)
+  hi, lo = _bits(step_bits, groups)
   top = jnp.float32(np.log(GROUP)) - jnp.log(_exponential(hi, lo))
   return top, (lo & (GROUP - 1)).astype(jnp.int32)  # lo's low bits are unused by the uniform
 
 
-def race(logits: jax.Array, ids: jax.Array, words: jax.Array):
+def race(logits: jax.Array, ids: jax.Array, step_bits: jax.Array):
   """Draws one survivor: ``argmax(logits + gumbel)``, ties to the lower id.
 
   Args:
     logits: ``[N]`` float32, ``-inf`` for removed tokens.
     ids: ``[N]`` int32 token ids of those logits.
-    words: ``[2]`` uint32 step words.
+    step_bits: ``[2]`` uint32 from :func:`step_bits`.
 
   Returns:
     ``(token, valid)``: the winning id (0 when nothing survives) and whether
     anything survived.
   """
-  token, valid, _ = _race(logits, ids, words)
+  token, valid, _ = _race(logits, ids, step_bits)
   return token, valid
 
 
-def _race(logits, ids, words):
+def _race(logits, ids, step_bits):
   alive = logits > -jnp.inf
-  score = jnp.where(alive, logits + gumbel(words, ids), -jnp.inf)
+  score = jnp.where(alive, logits + gumbel(step_bits, ids), -jnp.inf)
   best = jnp.max(score)
   id_sentinel = jnp.iinfo(jnp.int32).max
   token = jnp.min(jnp.where(alive & (score == best), ids, id_sentinel))
@@ -138,7 +138,7 @@ def _race(logits, ids, words):
   return jnp.where(valid, token, 0), valid, best
 
 
-def race_row(logits: jax.Array, words: jax.Array, groups_read: int = 128):
+def race_row(logits: jax.Array, step_bits: jax.Array, groups_read: int = 128):
   """:func:`race` over a whole row ``[V]`` (ids ``0..V-1``), hashing a few groups only.
 
   One hash per group gives the group's largest noise and the member that
@@ -152,14 +152,14 @@ def race_row(logits: jax.Array, words: jax.Array, groups_read: int = 128):
   groups = -(-vocab // GROUP)
   ids = jnp.arange(vocab, dtype=jnp.int32)
   if groups <= groups_read:
-    return race(logits, ids, words)
+    return race(logits, ids, step_bits)
   padded = logits if groups * GROUP == vocab else jnp.pad(logits, (0, groups * GROUP - vocab), constant_values=-jnp.inf)
   padded = padded.reshape(groups, GROUP)
-  top, leader = _group(words, jnp.arange(groups, dtype=jnp.int32))
+  top, leader = _group(step_bits, jnp.arange(groups, dtype=jnp.int32))
   floor = jnp.max(jnp.take_along_axis(padded, leader[:, None], axis=1)[:, 0] + top)
   contenders = jnp.max(padded, axis=1) + top >= floor
   (read,) = jnp.nonzero(contenders, size=groups_read, fill_value=0)  # repeats of group 0 change nothing
   read_ids = (read[:, None] * GROUP + jnp.arange(GROUP, dtype=jnp.int32)[None, :]).reshape(-1)
-  token, valid = race(padded[read].reshape(-1), read_ids, words)
-  settled = (jnp.sum(contenders) <= groups_read) & (floor > -jnp.inf)
-  return lax.cond(settled, lambda: (token, valid), lambda: race(logits, ids, words))
+  token, valid = race(padded[read].reshape(-1), read_ids, step_bits)
+  read_all_contenders = (jnp.sum(contenders) <= groups_read) & (floor > -jnp.inf)
+  return lax.cond(read_all_contenders, lambda: (token, valid), lambda: race(logits, ids, step_bits))

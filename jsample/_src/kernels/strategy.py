@@ -36,13 +36,14 @@ class Strategy(NamedTuple):
     name: ``"cpu"`` or ``"accelerator"``.
     branch_free: whether the cut and the statistics avoid ``lax.cond``.
     fallback: ``(ok [B], first, refine, slow, blank, *rows) -> (candidates,
-      decided [B], full)``, per row: the candidates ``first`` where ``ok``, else
+      settled [B], full)``, per row: the candidates ``first`` where ``ok``, else
       those of ``refine()`` (a batched ``(candidates, ok)``: the candidate path
-      again, with the row statistics); ``decided`` where either is ok; ``full``
-      holds ``slow(*row)``, the full-vocabulary path, where not decided, and
+      again, with the row statistics); ``settled`` where either is ok (a row is
+      settled when its candidates are decided and cover the row); ``full``
+      holds ``slow(*row)``, the full-vocabulary path, where not settled, and
       ``blank`` (batched, the shape of ``slow``'s output) elsewhere. Pytrees
       batched over ``B``.
-    race_row: ``(logits [V], bits [2]) -> (token, valid)`` over a whole row.
+    race_row: ``(logits [V], step_bits [2]) -> (token, valid)`` over a whole row.
   """
 
   name: str
@@ -91,8 +92,8 @@ def _all_at_once(ok: jax.Array, first, refine, slow, blank, *rows):
   return lax.cond(jnp.all(ok), lambda: (first, ok, blank), rare)
 
 
-def _race_all(logits: jax.Array, bits: jax.Array) -> tuple[jax.Array, jax.Array]:
-  return noise.race(logits, jnp.arange(logits.shape[0], dtype=jnp.int32), bits)
+def _race_all(logits: jax.Array, step_bits: jax.Array) -> tuple[jax.Array, jax.Array]:
+  return noise.race(logits, jnp.arange(logits.shape[0], dtype=jnp.int32), step_bits)
 
 
 CPU = Strategy("cpu", False, _step_by_step, noise.race_row)

@@ -127,6 +127,6 @@ def _finish(sampler: Sampler, settings: dict, extras: dict) -> Config:
   done: dict[str, Any] = {}
   for name, value in settings.items():
     spec = specs[name]
-    done[name] = recipes._padded(spec, value) if spec.shape else value
+    done[name] = recipes.padded(spec, value) if spec.shape else value
   sampler.init(seed=0, **done)  # raises here, naming the setting, rather than later
   return Config(sampler, done, extras)

@@ -47,27 +47,14 @@ def _order(field: str, names: list) -> tuple[str, ...]:
   touching = [n for n in order if n in ("penalties", "dry")]
   if order[: len(touching)] != touching:
     raise ValueError(f"{field}: penalties and dry must come before every other sampler in jsample; got {names}")
-  # Samplers left out of the sequence still sit in the chain, neutral: llama.cpp would not run them.
+  # Samplers left out of the sequence are left out of the chain; logit bias and mirostat are always in it.
   return ("logit_bias", *order, "mirostat")
 
 
-_LEFT_OUT: dict[str, dict[str, Any]] = dict(
-  penalties=dict(penalty_last_n=0),
-  dry=dict(dry_multiplier=0.0),
-  top_n_sigma=dict(top_n_sigma=-1.0),
-  top_k=dict(top_k=0),
-  typical=dict(typical_p=1.0),
-  top_p=dict(top_p=1.0),
-  min_p=dict(min_p=0.0),
-  xtc=dict(xtc_probability=0.0),
-  temperature=dict(temperature=1.0, dynatemp_range=0.0),
-)
-
-
 def _llama_cpp_sampler(order: tuple[str, ...], settings: dict, sizes: dict) -> tuple[Sampler, dict]:
-  """:func:`jsample.llama_cpp`'s defaults on ``order``, and ``settings`` neutral where mirostat is on."""
-  defaults = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
-  sampler = recipes._recipe(order, defaults, sizes)
+  """``order``'s chain at its stages' defaults (:func:`jsample.llama_cpp`'s, llama.cpp's), and ``settings`` neutral
+  where mirostat is on."""
+  sampler = recipes.chain_of(order, {}, sizes)
   known = sampler.settings
   for name in settings:
     if name not in known:  # llama.cpp would ignore it silently; jsample says so

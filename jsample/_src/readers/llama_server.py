@@ -8,7 +8,7 @@ import numpy as np
 
 from jsample._src import recipes
 from jsample._src.readers.fields import Config, _anything, _finish, _ids, _number, _read, _size
-from jsample._src.readers.gguf import _LEFT_OUT, _LLAMA_NAMES, _llama_cpp_sampler, _order
+from jsample._src.readers.gguf import _LLAMA_NAMES, _llama_cpp_sampler, _order
 from jsample._src.readers.llama_vocab import _encode, dry_breaker_sequences, end_of_generation_ids
 
 # llama-server's `samplers` names (common_sampler_types_from_names with allow_alt_names = false: the canonical
@@ -20,27 +20,9 @@ DRY_DEFAULT_BREAKERS = ("\n", ":", '"', "*")
 """llama-server's default ``dry_sequence_breakers``."""
 _LLAMA_RANDOM_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed
 
-# llama-server's defaults (common_params_sampling), for a field sent for a sampler left out of `samplers`.
-_SERVER_DEFAULTS = dict(
-  temperature=0.8,
-  dynatemp_range=0.0,
-  dynatemp_exponent=1.0,
-  top_k=40,
-  top_p=0.95,
-  min_p=0.05,
-  typical_p=1.0,
-  xtc_probability=0.0,
-  xtc_threshold=0.1,
-  top_n_sigma=-1.0,
-  repeat_penalty=1.0,
-  penalty_last_n=64,
-  presence_penalty=0.0,
-  frequency_penalty=0.0,
-  dry_multiplier=0.0,
-  dry_base=1.75,
-  dry_allowed_length=2,
-  dry_penalty_last_n=-1,
-)
+# llama-server's defaults (common_params_sampling) are jsample.llama_cpp's, its stages' own, bar one: repeat_last_n
+# counts 64 tokens, where the recipe's -1 is the whole window (64 tokens at the default window_size).
+_SERVER_DEFAULTS_UNLIKE_THE_RECIPE = dict(penalty_last_n=64)
 
 _SERVER_EXTRAS = (
   "prompt",
@@ -264,8 +246,10 @@ def from_llama_server(request: Mapping, *, tokenizer=None, **sizes) -> Config:
   """
   got = _read(request, _SERVER_FIELDS, "a llama-server request")
   settings: dict[str, Any] = {name: got[field] for field, name in _SERVER_RENAMES.items() if field in got}
-  if settings.get("dry_base", 1.75) < 1.0:
-    settings["dry_base"] = 1.75  # llama-server: "if (dry_base < 1.0f) dry_base = defaults.dry_base"
+  llama = recipes.settings_of(recipes.LLAMA_CPP_ORDER)
+  base = llama["dry_base"].default
+  if settings.get("dry_base", base) < 1.0:
+    settings["dry_base"] = base  # llama-server: "if (dry_base < 1.0f) dry_base = defaults.dry_base"
   if "top_k" in settings:
     settings["top_k"] = max(settings["top_k"], 0)
   ids, values = _server_logit_bias(got.get("logit_bias", []), tokenizer)
@@ -308,16 +292,16 @@ def from_llama_server(request: Mapping, *, tokenizer=None, **sizes) -> Config:
     sizes[key] = _size(sizes.get(key, at_least), need)
   if "dry" not in order:
     sizes.pop("max_breakers"), sizes.pop("max_breaker_length")
-  # A field of a sampler left out of `samplers` is accepted at its default or neutral value (llama.cpp never
-  # reads it); any other value raises in _llama_cpp_sampler.
-  known = {s.name for name in order for s in recipes._STAGES[name][0]().settings}
-  neutral: dict[str, Any] = {k: v for stage in _LEFT_OUT.values() for k, v in dict(stage).items()}
+  # A field of a sampler left out of `samplers` is accepted at llama-server's default or at its neutral value
+  # (llama.cpp never reads it); any other value raises in _llama_cpp_sampler.
+  known = recipes.settings_of(order)
   for name in list(settings):
     if name not in known:
       value = settings[name]
-      if isinstance(value, list | np.ndarray) and not len(value):
-        del settings[name]
-      elif not isinstance(value, list | np.ndarray) and value in (_SERVER_DEFAULTS.get(name), neutral.get(name)):
+      if isinstance(value, list | np.ndarray):
+        if not len(value):
+          del settings[name]
+      elif value in (_SERVER_DEFAULTS_UNLIKE_THE_RECIPE.get(name, llama[name].default), llama[name].neutral):
         del settings[name]
   sampler, settings = _llama_cpp_sampler(order, settings, sizes)
   extras = {k: v for k, v in got.items() if k in _SERVER_EXTRAS or k in ("n_probs",)}

@@ -392,7 +392,7 @@ def dry(
   def lowers(s: Settings, ctx: Context) -> jax.Array:
     return s["dry_multiplier"] >= 0  # a negative one (traced past init's check) would raise
 
-  def off(s: Settings) -> jax.Array:
+  def is_neutral(s: Settings) -> jax.Array:
     return ~((s["dry_multiplier"] != 0) & (s["dry_base"] >= 1) & (s["dry_penalty_last_n"] != 0))
 
-  return Stage("dry", settings, on_candidates, on_row, touches=touches, lowers=lowers, off=off)
+  return Stage("dry", settings, on_candidates, on_row, touches=touches, lowers=lowers, is_neutral=is_neutral)

@@ -16,7 +16,7 @@ def cutoff_setting(name: str, value: float, help: str) -> Setting:
   return Setting(name, value, jnp.float32, lambda v: (v >= 0) & (v < 1), "in [0, 1) (0: off)", 0.0, help)
 
 
-def kth(logits: jax.Array, least: jax.Array, complete: jax.Array) -> tuple[jax.Array, jax.Array]:
+def kth(logits: jax.Array, least: jax.Array, covers_row: jax.Array) -> tuple[jax.Array, jax.Array]:
   """``(the min_keep-th best logit of candidates [K], whether it is known)``.
 
   transformers keeps every token whose score reaches the ``min_tokens_to_keep``-th
@@ -28,7 +28,7 @@ def kth(logits: jax.Array, least: jax.Array, complete: jax.Array) -> tuple[jax.A
   alive = jnp.sum(logits > -jnp.inf)
   desc = -jnp.sort(-logits)
   value = jnp.where(k <= size, desc[jnp.clip(k - 1, 0, size - 1)], -jnp.inf)
-  return value, complete | (k <= alive)
+  return value, covers_row | (k <= alive)
 
 
 def row_kth(logits: jax.Array, least: jax.Array, ctx: Context) -> jax.Array:
@@ -43,7 +43,7 @@ def row_kth(logits: jax.Array, least: jax.Array, ctx: Context) -> jax.Array:
   return lax.cond(least > 1, search, lambda: jnp.max(logits))
 
 
-def floor_stage(name: str, setting: Setting, min_keep: int, log_floor, row_stat=None) -> Stage:
+def floor_stage(name: str, setting: Setting, min_keep: int, log_floor, row_statistic=None) -> Stage:
   """A stage that removes tokens with ``logit - log_z < log_floor(settings, H)`` unless among the ``min_keep`` best.
 
   Args:
@@ -51,31 +51,31 @@ def floor_stage(name: str, setting: Setting, min_keep: int, log_floor, row_stat=
     setting: its cutoff, 0 off.
     min_keep: the default of the shared ``min_keep``.
     log_floor: ``(settings, entropy or None) -> log of the probability floor``.
-    row_stat: the stage's :attr:`Stage.row_stat`, when the floor needs the
+    row_statistic: the stage's :attr:`Stage.row_statistic`, when the floor needs the
       row's entropy (eta); None when it does not (epsilon).
   """
   cut = setting.name
-  wants_entropy = row_stat is not None
+  wants_entropy = row_statistic is not None
 
   def on_candidates(c: Candidates, s: Settings, ctx: Context) -> Candidates:
     off = ~(s[cut] > 0)
     log_z, known = c.log_normaliser()
     if wants_entropy:
-      stat = jnp.float32(jnp.nan) if ctx.stat is None else ctx.stat
-      h = jnp.where(c.complete, entropy(c.logits, log_z), stat)
-      known = c.complete | (c.log_z_known & (ctx.stat is not None))
+      statistic = jnp.float32(jnp.nan) if ctx.row_statistic is None else ctx.row_statistic
+      h = jnp.where(c.covers_row, entropy(c.logits, log_z), statistic)
+      known = c.covers_row | (c.log_z_known & (ctx.row_statistic is not None))
       floor = log_floor(s, h)
     else:
       floor = log_floor(s, None)
-    top, top_known = kth(c.logits, s["min_keep"], c.complete)
+    top, top_known = kth(c.logits, s["min_keep"], c.covers_row)
     keep = (c.logits - log_z >= floor) | (c.logits >= top)
     # Tokens beyond the candidates rank at or below the last one: if it falls, so do they.
     last_out = (c.logits[-1] - log_z < floor) & (c.logits[-1] < top)
-    done = c.complete | (known & top_known & last_out)
+    covers = c.covers_row | (known & top_known & last_out)
     return c.keep(keep | off)._replace(
-      complete=jnp.where(off, c.complete, done),
+      covers_row=jnp.where(off, c.covers_row, covers),
       log_z_known=c.log_z_known & off,  # removing tokens changes the row's normaliser
-      exact=c.exact & (off | (known & top_known & done)),
+      decided=c.decided & (off | (known & top_known & covers)),
     )
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
@@ -92,8 +92,8 @@ def floor_stage(name: str, setting: Setting, min_keep: int, log_floor, row_stat=
     (setting, min_keep_setting(min_keep)),
     on_candidates,
     on_row,
-    keeps_best=lambda s: jnp.bool_(True),  # the best token always reaches the min_keep-th best
-    row_stat=row_stat,
+    argmax_invariant=lambda s: jnp.bool_(True),  # the best token always reaches the min_keep-th best
+    row_statistic=row_statistic,
   )
 
 
@@ -162,7 +162,7 @@ def eta(cutoff: float = 0.0, min_keep: int = 0) -> Stage:
     e = s["eta_cutoff"]
     return jnp.log(jnp.minimum(e, jnp.sqrt(e) * jnp.exp(-h)))
 
-  def row_stat(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
+  def row_statistic(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
     return lax.cond(s["eta_cutoff"] > 0, lambda: entropy(logits, logsumexp(logits)), lambda: jnp.float32(0))
 
-  return floor_stage("eta", setting, min_keep, log_floor, row_stat=row_stat)
+  return floor_stage("eta", setting, min_keep, log_floor, row_statistic=row_statistic)

@@ -99,7 +99,9 @@ def logit_bias(biases: Mapping[int, float] | None = None, *, size: int = 16) -> 
     pair_ids, bias = _biases(s)
     return jnp.all((pair_ids < 0) | (bias <= 0))
 
-  def off(s: Settings) -> jax.Array:
+  def is_neutral(s: Settings) -> jax.Array:
     return jnp.all(_biases(s)[0] < 0)
 
-  return Stage("logit_bias", (ids, values), on_candidates, on_row, touches=touches, lowers=lowers, off=off)
+  return Stage(
+    "logit_bias", (ids, values), on_candidates, on_row, touches=touches, lowers=lowers, is_neutral=is_neutral
+  )

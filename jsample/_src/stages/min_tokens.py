@@ -61,7 +61,7 @@ def min_tokens(n: int = 0, eos: Sequence[int] = (), *, size: int = 4) -> Stage:
   def update(state, token, logprob, s: Settings, ctx: Context):
     return new_tokens.update(state, ctx)
 
-  def off(s: Settings) -> jax.Array:
+  def is_neutral(s: Settings) -> jax.Array:
     return (s["min_tokens"] <= 0) | jnp.all(s["eos_token_ids"] < 0)
 
-  return ban_stage("min_tokens", (count, ids), banned, init_state=new_tokens.init, update=update, off=off)
+  return ban_stage("min_tokens", (count, ids), banned, init_state=new_tokens.init, update=update, is_neutral=is_neutral)

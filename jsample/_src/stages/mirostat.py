@@ -139,23 +139,23 @@ def mirostat(version: int = 0, tau: float = 5.0, eta: float = 0.1) -> Stage:
     log_z, known = c.log_normaliser()
     within = alive & ((log_z - c.logits) * _LOG2E <= mu)
     v2 = c.keep(within | first)
-    v2_settled = c.complete | (alive[-1] & ~within[-1])  # tokens beyond rank below the last
+    v2_covers = c.covers_row | (alive[-1] & ~within[-1])  # tokens beyond rank below the last
     # v1: the k best, k from the best M survivors.
     best = _compact(c.logits, min(M, budget))
-    fits = c.complete | ((budget >= M) & (count >= M))
-    k = _zipf_k(best, jnp.where(c.complete, count, M), mu, ctx.vocab)
+    fits = c.covers_row | ((budget >= M) & (count >= M))
+    k = _zipf_k(best, jnp.where(c.covers_row, count, M), mu, ctx.vocab)
     v1 = c.keep(alive & (rank.astype(jnp.float32) <= k))
-    v1_settled = c.complete | (k <= count.astype(jnp.float32))
+    v1_covers = c.covers_row | (k <= count.astype(jnp.float32))
     off = version == 0
     one = version == 1
     kept = jnp.where(one, v1.logits, v2.logits)
-    settled = jnp.where(one, v1_settled, v2_settled)
+    covers = jnp.where(one, v1_covers, v2_covers)
     decided = jnp.where(one, fits, known)
     return c._replace(
       logits=jnp.where(off, c.logits, kept),
       log_z_known=c.log_z_known & off,
-      complete=jnp.where(off, c.complete, settled),
-      exact=c.exact & (off | (decided & settled)),
+      covers_row=jnp.where(off, c.covers_row, covers),
+      decided=c.decided & (off | (decided & covers)),
     )
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
@@ -191,6 +191,6 @@ def mirostat(version: int = 0, tau: float = 5.0, eta: float = 0.1) -> Stage:
     on_row,
     init_state=lambda: jnp.float32(jnp.nan),
     update=update,
-    keeps_best=lambda s: jnp.bool_(True),  # v1 keeps k >= 1 best, v2 the best always
-    off=lambda s: s["mirostat"] == 0,
+    argmax_invariant=lambda s: jnp.bool_(True),  # v1 keeps k >= 1 best, v2 the best always
+    is_neutral=lambda s: s["mirostat"] == 0,
   )

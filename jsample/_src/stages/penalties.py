@@ -239,6 +239,6 @@ def penalties(
     on_row,
     touches=touches,
     lowers=lowers,
-    off=lambda s: _neutral(s) | (s["penalty_last_n"] == 0),
+    is_neutral=lambda s: _neutral(s) | (s["penalty_last_n"] == 0),
   )
   return stage._replace(init_state=new_tokens.init, update=update) if openai else stage

@@ -45,7 +45,7 @@ def temperature(t: float = 0.8, dynatemp_range: float = 0.0, dynatemp_exponent: 
   is the whole vocabulary), and its float32 sums run in sorted order; jsample's
   ``N`` counts the survivors (as the KoboldCpp original does), and its sums
   are trees. It needs the entropy of
-  every survivor, so on candidates a row decides only when they are complete
+  every survivor, so on candidates a row decides only when they cover the row
   (after top-k, say); ``r = 0`` costs nothing.
 
   Args:
@@ -104,16 +104,16 @@ def temperature(t: float = 0.8, dynatemp_range: float = 0.0, dynatemp_exponent: 
     ),
   )
 
-  def row_stat(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
+  def row_statistic(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
     t = s["temperature"]
-    # Only a fixed 0 < t != 1 needs it (t == 1 shifts a known normaliser; greedy completes;
-    # a dynamic t needs complete candidates): skip the pass otherwise.
+    # Only a fixed 0 < t != 1 needs it (t == 1 shifts a known normaliser; greedy covers the row;
+    # a dynamic t needs candidates that cover the row): skip the pass otherwise.
     needed = (t > 0) & (t != 1) & ~(s["dynatemp_range"] > 0)
     return lax.cond(needed, lambda: logsumexp(_scale(logits, jnp.max(logits), t)), lambda: jnp.float32(0))
 
   def on_candidates(c: Candidates, s: Settings, ctx: Context) -> Candidates:
     dynamic = s["dynatemp_range"] > 0
-    # A dynamic t reads every survivor: right where the candidates are complete, else the row is not exact.
+    # A dynamic t reads every survivor: right where the candidates cover the row, else the row is not decided.
     t = jnp.where(dynamic, _dynamic(c.logits, s), s["temperature"])
     best = jnp.max(c.logits)
     alive = c.logits > -jnp.inf
@@ -121,14 +121,14 @@ def temperature(t: float = 0.8, dynatemp_range: float = 0.0, dynatemp_exponent: 
     greedy = jnp.where(jnp.arange(c.ids.shape[0]) == first, c.logits, -jnp.inf)
     # t == 1 only shifts the row, so a known log-normaliser shifts with it; any
     # other fixed t takes the row statistic, which describes the row as the cut
-    # gave it: that is this row where the log-normaliser is known. Greedy completes.
-    stat = jnp.float32(jnp.nan) if ctx.stat is None else ctx.stat
+    # gave it: that is this row where the log-normaliser is known. Greedy covers the row.
+    statistic = jnp.float32(jnp.nan) if ctx.row_statistic is None else ctx.row_statistic
     return c._replace(
       logits=jnp.where(t > 0, _scale(c.logits, best, t), _scale(greedy, best, t)),
-      log_z=jnp.where(t == 1, c.log_z - jnp.where(best > -jnp.inf, best, 0.0), stat),
-      log_z_known=c.log_z_known & ~dynamic & ((t == 1) | (ctx.stat is not None)),
-      complete=c.complete | (t <= 0),
-      exact=c.exact & (~dynamic | c.complete),
+      log_z=jnp.where(t == 1, c.log_z - jnp.where(best > -jnp.inf, best, 0.0), statistic),
+      log_z_known=c.log_z_known & ~dynamic & ((t == 1) | (ctx.row_statistic is not None)),
+      covers_row=c.covers_row | (t <= 0),
+      decided=c.decided & (~dynamic | c.covers_row),
     )
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
@@ -146,8 +146,8 @@ def temperature(t: float = 0.8, dynatemp_range: float = 0.0, dynatemp_exponent: 
     settings,
     on_candidates,
     on_row,
-    row_stat=row_stat,
+    row_statistic=row_statistic,
     # A dynamic t is max(0, t - r) + ... > 0 unless the entropy is 0: t <= 0 is greedy only without it.
-    greedy=lambda s: (s["temperature"] <= 0) & ~(s["dynatemp_range"] > 0),
-    keeps_best=lambda s: jnp.bool_(True),
+    only_best=lambda s: (s["temperature"] <= 0) & ~(s["dynatemp_range"] > 0),
+    argmax_invariant=lambda s: jnp.bool_(True),
   )

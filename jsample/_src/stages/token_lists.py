@@ -18,8 +18,8 @@ def allowed_tokens(ids: Sequence[int] = (), *, size: int = 64) -> Stage:
   stage. The stage declares the listed ids as the ids it touches, so the cut
   keeps all of them beside the ``K`` best raw tokens, whatever their rank (the
   raw best may hold none of them). On candidates it removes every other id
-  and marks the candidates complete: no token outside them survives, so the
-  row is decided without the full-vocabulary path unless more than ``K``
+  and marks the candidates as covering the row: no token outside them survives, so the
+  row settles without the full-vocabulary path unless more than ``K``
   listed tokens survive. ``O((K + N) N)`` on candidates; on a row, one
   scatter of ``N`` ids and one select over ``V``, skipped for rows whose
   list is empty.
@@ -54,7 +54,7 @@ def allowed_tokens(ids: Sequence[int] = (), *, size: int = 64) -> Stage:
     # The cut put every listed id among the candidates, so what survives here is all that survives.
     return c._replace(
       logits=jnp.where(on & ~listed(c.ids, allowed), -jnp.inf, c.logits),
-      complete=c.complete | on,
+      covers_row=c.covers_row | on,
       log_z_known=c.log_z_known & ~on,
     )
 
@@ -68,10 +68,10 @@ def allowed_tokens(ids: Sequence[int] = (), *, size: int = 64) -> Stage:
 
     return lax.cond(jnp.any(allowed >= 0), keep, lambda: logits)
 
-  def off(s: Settings) -> jax.Array:
+  def is_neutral(s: Settings) -> jax.Array:
     return jnp.all(s["allowed_token_ids"] < 0)
 
-  return Stage("allowed_tokens", (setting,), on_candidates, on_row, touches=touches, off=off)
+  return Stage("allowed_tokens", (setting,), on_candidates, on_row, touches=touches, is_neutral=is_neutral)
 
 
 def banned_tokens(ids: Sequence[int] = (), *, size: int = 16) -> Stage:
@@ -95,5 +95,8 @@ def banned_tokens(ids: Sequence[int] = (), *, size: int = 16) -> Stage:
   """
   setting = id_list("banned_token_ids", ids, size, "token ids never to draw (-1 pads the list)")
   return ban_stage(
-    "banned_tokens", (setting,), lambda s, ctx: s["banned_token_ids"], off=lambda s: jnp.all(s["banned_token_ids"] < 0)
+    "banned_tokens",
+    (setting,),
+    lambda s, ctx: s["banned_token_ids"],
+    is_neutral=lambda s: jnp.all(s["banned_token_ids"] < 0),
   )

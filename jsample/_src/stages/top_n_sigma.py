@@ -26,7 +26,7 @@ def top_n_sigma(n: float = -1.0) -> Stage:
   the other side.
 
   σ is a statistic of the whole row, so on candidates the stage reads it from
-  the row statistics (:attr:`Stage.row_stat`); after a stage that changed the
+  the row statistics (:attr:`Stage.row_statistic`); after a stage that changed the
   row (active penalties) the row takes the full-vocabulary path.
 
   Args:
@@ -55,25 +55,25 @@ def top_n_sigma(n: float = -1.0) -> Stage:
     "keep tokens within n standard deviations of the best logit (<= 0: off)",
   )
 
-  def row_stat(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
+  def row_statistic(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
     return _spread(logits)
 
   def on_candidates(c: Candidates, s: Settings, ctx: Context) -> Candidates:
     n = s["top_n_sigma"]
     off = ~(n > 0)
-    # All survivors are candidates when complete; otherwise σ is the row's, known while the row is the cut's.
-    stat = jnp.float32(jnp.nan) if ctx.stat is None else ctx.stat
-    sigma = jnp.where(c.complete, _spread(c.logits), stat)
-    usable = c.complete | (c.log_z_known & (ctx.stat is not None))
+    # All survivors are candidates when they cover the row; otherwise σ is the row's, known while the row is the cut's.
+    statistic = jnp.float32(jnp.nan) if ctx.row_statistic is None else ctx.row_statistic
+    sigma = jnp.where(c.covers_row, _spread(c.logits), statistic)
+    usable = c.covers_row | (c.log_z_known & (ctx.row_statistic is not None))
     alive = c.logits > -jnp.inf
     kept = c.keep(c.logits >= jnp.max(c.logits) - n * sigma)
     # Tokens beyond the candidates rank below the last one: if it fell, so did they.
-    settled = c.complete | (alive[-1] & (kept.logits[-1] == -jnp.inf))
+    covers = c.covers_row | (alive[-1] & (kept.logits[-1] == -jnp.inf))
     return c._replace(
       logits=jnp.where(off, c.logits, kept.logits),
       log_z_known=c.log_z_known & off,
-      complete=jnp.where(off, c.complete, settled),
-      exact=c.exact & (off | usable),
+      covers_row=jnp.where(off, c.covers_row, covers),
+      decided=c.decided & (off | usable),
     )
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
@@ -89,7 +89,7 @@ def top_n_sigma(n: float = -1.0) -> Stage:
     (setting,),
     on_candidates,
     on_row,
-    row_stat=row_stat,
-    keeps_best=lambda s: jnp.bool_(True),
-    off=lambda s: ~(s["top_n_sigma"] > 0),
+    row_statistic=row_statistic,
+    argmax_invariant=lambda s: jnp.bool_(True),
+    is_neutral=lambda s: ~(s["top_n_sigma"] > 0),
   )

@@ -15,7 +15,7 @@ from jsample._src.stages._min_keep import min_keep_setting
 
 
 def _always(s: Settings) -> jax.Array:
-  """A :attr:`Stage.keeps_best` for truncations, which never drop the best token."""
+  """A :attr:`Stage.argmax_invariant` for truncations, which never drop the best token."""
   return jnp.bool_(True)
 
 
@@ -54,8 +54,8 @@ def top_k(k: int = 40) -> Stage:
     fits = k <= budget
     cut = c.keep(survivor_rank(c.logits) <= k)
     return cut._replace(
-      complete=c.complete | fits,
-      exact=c.exact & (fits | c.complete | (k >= ctx.vocab)),
+      covers_row=c.covers_row | fits,
+      decided=c.decided & (fits | c.covers_row | (k >= ctx.vocab)),
     )
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
@@ -67,7 +67,9 @@ def top_k(k: int = 40) -> Stage:
 
     return lax.cond(k < ctx.vocab, cut, lambda: logits)  # the search costs ~50 passes: skip it when off
 
-  return Stage("top_k", (setting,), on_candidates, on_row, greedy=lambda s: s["top_k"] == 1, keeps_best=_always)
+  return Stage(
+    "top_k", (setting,), on_candidates, on_row, only_best=lambda s: s["top_k"] == 1, argmax_invariant=_always
+  )
 
 
 def _cut_row(logits: jax.Array, on: jax.Array, least: jax.Array, keep, ctx: Context) -> jax.Array:
@@ -126,7 +128,7 @@ def top_p(p: float = 0.95, min_keep: int = 0) -> Stage:
   def on_candidates(c: Candidates, s: Settings, ctx: Context) -> Candidates:
     p, least = s["top_p"], s["min_keep"]
     log_z, known = c.log_normaliser()
-    probs = jnp.exp(c.logits - log_z)  # where unknown, the row is not exact anyway
+    probs = jnp.exp(c.logits - log_z)  # where unknown, the row is not decided anyway
     rank = survivor_rank(c.logits)
     reached = (jnp.cumsum(probs) >= p) & (c.logits > -jnp.inf) & (rank >= least)
     crossing = jnp.argmax(reached)
@@ -135,11 +137,11 @@ def top_p(p: float = 0.95, min_keep: int = 0) -> Stage:
     index = jnp.arange(c.ids.shape[0])
     # Not reached within the candidates (the mass, or min_keep tokens): all
     # of them survive, and so may tokens beyond; a later stage (min-p) may
-    # still settle the row.
+    # still make them cover the row.
     cut = c.keep(off | ~found | (index <= crossing))
     return cut._replace(
-      complete=c.complete | (found & ~off),
-      exact=c.exact & (off | known),
+      covers_row=c.covers_row | (found & ~off),
+      decided=c.decided & (off | known),
     )
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
@@ -147,7 +149,7 @@ def top_p(p: float = 0.95, min_keep: int = 0) -> Stage:
     keep = lambda: shortest_prefix(logits, jnp.exp(logits - logsumexp(logits)), p)  # noqa: E731
     return _cut_row(logits, p < 1, s["min_keep"], keep, ctx)
 
-  return Stage("top_p", (setting, min_keep_setting(min_keep)), on_candidates, on_row, keeps_best=_always)
+  return Stage("top_p", (setting, min_keep_setting(min_keep)), on_candidates, on_row, argmax_invariant=_always)
 
 
 def min_p(p: float = 0.05, min_keep: int = 0) -> Stage:
@@ -192,24 +194,24 @@ def min_p(p: float = 0.05, min_keep: int = 0) -> Stage:
     p = jnp.minimum(s["min_p"], 1.0)  # above 1 not even the best would survive
     return jnp.where(logits >= best + jnp.log(jnp.maximum(p, 1e-38)), logits, -jnp.inf)
 
-  def settles(before: Candidates, after: Candidates, s: Settings) -> jax.Array:
+  def covers_row(before: Candidates, after: Candidates, s: Settings) -> jax.Array:
     # Tokens outside the candidates rank below the last one: if the threshold
     # removed it (a survivor before), it removed them too.
     return (before.logits[-1] > -jnp.inf) & (after.logits[-1] == -jnp.inf)
 
-  threshold = elementwise("min_p", (setting,), rule, off=lambda s: ~(s["min_p"] > 0), settles=settles)
+  threshold = elementwise("min_p", (setting,), rule, is_neutral=lambda s: ~(s["min_p"] > 0), covers_row=covers_row)
 
   def on_candidates(c: Candidates, s: Settings, ctx: Context) -> Candidates:
     after = threshold.on_candidates(c, s, ctx)
     rank = survivor_rank(c.logits)
     least = s["min_keep"]
-    # Fewer than min_keep candidates alive, of a row they do not complete: min_keep keeps tokens beyond them.
-    short = (rank[-1] < least) & ~c.complete
+    # Fewer than min_keep candidates alive, of a row they do not cover: min_keep keeps tokens beyond them.
+    short = (rank[-1] < least) & ~c.covers_row
     kept = jnp.where((rank <= least) & (c.logits > -jnp.inf), c.logits, after.logits)
-    return after._replace(logits=kept, complete=after.complete & ~short)
+    return after._replace(logits=kept, covers_row=after.covers_row & ~short)
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
     keep = lambda: rule(logits, ctx.ids(logits.shape[0]), jnp.max(logits), s, ctx) > -jnp.inf  # noqa: E731
     return _cut_row(logits, s["min_p"] > 0, s["min_keep"], keep, ctx)
 
-  return Stage("min_p", (setting, min_keep_setting(min_keep)), on_candidates, on_row, keeps_best=_always)
+  return Stage("min_p", (setting, min_keep_setting(min_keep)), on_candidates, on_row, argmax_invariant=_always)

@@ -30,8 +30,8 @@ def typical(p: float = 1.0, min_keep: int = 0) -> Stage:
   llama.cpp's, in float32, with sums as trees rather than sequential.
 
   The entropy is a statistic of the whole row: on candidates the stage reads
-  it from the row statistics (:attr:`Stage.row_stat`) unless the candidates
-  are complete (after top-k, say), and the row decides there only when the
+  it from the row statistics (:attr:`Stage.row_statistic`) unless the candidates
+  cover the row (after top-k, say), and the row decides there only when the
   kept tokens all rank before any token beyond the candidates could.
 
   Args:
@@ -66,7 +66,7 @@ def typical(p: float = 1.0, min_keep: int = 0) -> Stage:
     "keep the tokens closest to the row's entropy until their probabilities add up to more than p",
   )
 
-  def row_stat(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
+  def row_statistic(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
     return lax.cond(s["typical_p"] < 1, lambda: entropy(logits, logsumexp(logits)), lambda: jnp.float32(0))
 
   def on_candidates(c: Candidates, s: Settings, ctx: Context) -> Candidates:
@@ -74,10 +74,10 @@ def typical(p: float = 1.0, min_keep: int = 0) -> Stage:
     off = ~(p < 1)
     alive = c.logits > -jnp.inf
     log_z, _ = c.log_normaliser()
-    # All survivors are candidates when complete; otherwise H is the row's, known while the row is the cut's.
-    stat = jnp.float32(jnp.nan) if ctx.stat is None else ctx.stat
-    h = jnp.where(c.complete, entropy(c.logits, log_z), stat)
-    usable = c.complete | (c.log_z_known & (ctx.stat is not None))
+    # All survivors are candidates when they cover the row; otherwise H is the row's, known while the row is the cut's.
+    statistic = jnp.float32(jnp.nan) if ctx.row_statistic is None else ctx.row_statistic
+    h = jnp.where(c.covers_row, entropy(c.logits, log_z), statistic)
+    usable = c.covers_row | (c.log_z_known & (ctx.row_statistic is not None))
     centre = log_z - h  # the logit whose surprise is H
     score = jnp.where(alive, jnp.abs(c.logits - centre), jnp.inf)
     probs = jnp.where(alive, jnp.exp(c.logits - log_z), 0.0)
@@ -90,11 +90,11 @@ def typical(p: float = 1.0, min_keep: int = 0) -> Stage:
     # Tokens beyond the candidates have logits <= the last one's, so scores >= floor:
     # a cut made strictly below the floor leaves them all out.
     floor = jnp.maximum(centre - c.logits[-1], 0.0)
-    decided = c.complete | (usable & alive[-1] & found & (ranked[last] < floor))
+    covers = c.covers_row | (usable & alive[-1] & found & (ranked[last] < floor))
     return c.keep(keep | off)._replace(
       log_z_known=c.log_z_known & off,
-      complete=jnp.where(off, c.complete, decided),
-      exact=c.exact & (off | decided),
+      covers_row=jnp.where(off, c.covers_row, covers),
+      decided=c.decided & (off | covers),
     )
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
@@ -119,7 +119,7 @@ def typical(p: float = 1.0, min_keep: int = 0) -> Stage:
     (setting, min_keep_setting(min_keep)),
     on_candidates,
     on_row,
-    keeps_best=lambda s: ~(s["typical_p"] < 1),  # on, it may drop the most likely token
-    row_stat=row_stat,
-    off=lambda s: ~(s["typical_p"] < 1),
+    argmax_invariant=lambda s: ~(s["typical_p"] < 1),  # on, it may drop the most likely token
+    row_statistic=row_statistic,
+    is_neutral=lambda s: ~(s["typical_p"] < 1),
   )

@@ -89,14 +89,14 @@ def xtc(probability: float = 0.0, threshold: float = 0.1, min_keep: int = 0) -> 
     gone = jnp.sum(above) - 1
     count = jnp.sum(alive)
     # Tokens beyond the candidates reach the threshold only if the last candidate does.
-    counted = c.complete | (alive[-1] & ~above[-1])
+    counted = c.covers_row | (alive[-1] & ~above[-1])
     # Beyond the candidates there are more survivors, never fewer: enough here is enough.
     enough = count - gone >= least
     remove = acts(s, ctx) & (gone > 0) & enough
     return c._replace(
       logits=jnp.where(remove & above & (survivor_rank(c.logits) <= gone), -jnp.inf, c.logits),
       log_z_known=c.log_z_known & ~remove,
-      exact=c.exact & (~acts(s, ctx) | (known & counted & (c.complete | enough | (gone <= 0)))),
+      decided=c.decided & (~acts(s, ctx) | (known & counted & (c.covers_row | enough | (gone <= 0)))),
     )
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
@@ -115,7 +115,7 @@ def xtc(probability: float = 0.0, threshold: float = 0.1, min_keep: int = 0) -> 
 
     return lax.cond(acts(s, ctx), cut, lambda: logits)
 
-  def keeps_best(s: Settings) -> jax.Array:
+  def argmax_invariant(s: Settings) -> jax.Array:
     return ~(s["xtc_probability"] > 0) | (s["xtc_threshold"] > 0.5)  # on, it removes the best when its coin says so
 
-  return Stage("xtc", settings, on_candidates, on_row, keeps_best=keeps_best, off=keeps_best)
+  return Stage("xtc", settings, on_candidates, on_row, argmax_invariant=argmax_invariant, is_neutral=argmax_invariant)
