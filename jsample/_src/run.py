@@ -114,6 +114,18 @@ def route(sampler, raw, mask, rows: paths.RowInputs, strategy: strategies.Strate
   return lax.cond(jnp.all(greedy), lambda: fast(paths.best(raw, mask, strategy)), run_chain)
 
 
+def accept(sampler, token: jax.Array, state: SamplerState) -> SamplerState:
+  """:meth:`Sampler.accept` on checked int32 tokens: each row's token in its window, its log-probability unknown."""
+  if token.shape != state.position.shape:
+    raise ValueError(f"token: must have shape {state.position.shape} to match the state; got {token.shape}")
+  single = token.ndim == 0
+  if single:
+    token, state = token[None], jax.tree.map(lambda a: a[None], state)
+  drawn = Draw(token, jnp.ones(token.shape, bool), jnp.full(token.shape, jnp.nan, jnp.float32))
+  state = advance(sampler, state, drawn, {}, sampler.vocab_size or 0)
+  return jax.tree.map(lambda a: a[0], state) if single else state
+
+
 def advance(sampler, state: SamplerState, drawn: Draw, inputs: dict, vocab: int) -> SamplerState:
   """Accepts the drawn tokens and updates the stages' own state; batched rows."""
   # A row where nothing survived still advances, with an empty window slot.

@@ -4,12 +4,11 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jsample._src import checked, explain, run, speculative, validation
 from jsample._src.draw import Draw
 from jsample._src.stage import Setting, Stage
-from jsample._src.state import SamplerState, as_prompt, create, fork, load
+from jsample._src.state import SamplerState, as_prompt, create, fork, load_prompt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +66,7 @@ class Sampler:
     for setting in self.settings.values():
       self._check(setting, setting.default)
 
-  def _check(self, setting: Setting, value) -> None:
+  def _check(self, setting: Setting, value) -> None:  # a setting's value against the static sizes it may name
     validation.setting(setting, value, {"window_size": self.window_size, "budget": self.budget})
 
   @property
@@ -115,8 +114,6 @@ class Sampler:
     """
     return dataclasses.replace(self, checking=checked.Checks(nan=nan, empty=empty))
 
-  # -- state ------------------------------------------------------------------
-
   def init(self, seed=None, prompt=None, *, key=None, batch: int | None = None, **settings) -> SamplerState:
     """A fresh state: one row, or a batch when any argument has a batch axis.
 
@@ -156,11 +153,7 @@ class Sampler:
       0.0
     """
     validation.state_last("configure(state, **settings)", state)
-    rows = state.position.shape
-    for name, value in settings.items():
-      spec = self.settings.get(name)
-      if spec is not None and np.ndim(value) > len(rows) + len(spec.shape):
-        raise ValueError(f"{name}: the state holds one row, so give a scalar; got shape {np.shape(value)}")
+    validation.rows_match(self.settings, state, settings)
     fresh = self.init(key=state.key, **settings)
     updated = {name: jnp.broadcast_to(fresh.settings[name], state.settings[name].shape) for name in settings}
     return state._replace(settings={**state.settings, **updated})
@@ -189,16 +182,7 @@ class Sampler:
     validation.tokens("prompt", prompt, self.vocab_size, lowest=-1)
     if self.checking:
       checked.tokens("prompt", prompt, self.vocab_size, lowest=-1)
-    batched = state.position.ndim == 1
-    if prompt.ndim == 2 and not batched:
-      raise ValueError(f"prompt: a [B, L] prompt needs a batched state; got shape {prompt.shape}")
-    prompt = jnp.asarray(prompt, jnp.int32)
-    if batched:
-      prompt = jnp.broadcast_to(prompt, state.position.shape + prompt.shape[-1:])
-      window, position = jax.vmap(load)(state.window, state.position, prompt)
-    else:
-      window, position = load(state.window, state.position, prompt)
-    return state._replace(window=window, position=position)
+    return load_prompt(prompt, state)
 
   def fork(self, state: SamplerState, *, n: int) -> SamplerState:
     """``n`` samples per row: each row becomes ``n`` rows in a row, each with its own stream.
@@ -230,7 +214,7 @@ class Sampler:
     validation.state_last("fork(state, n=...)", state)
     if not isinstance(n, int) or n < 1:
       raise ValueError(f"n: must be an int >= 1; got {n!r}")
-    return fork(_batched(state), n)
+    return fork(state, n)
 
   def accept(self, token: jax.Array, state: SamplerState) -> SamplerState:
     """Appends tokens chosen by the caller (speculative decoding, forced tokens).
@@ -253,22 +237,10 @@ class Sampler:
       ([7, -1, -1, -1], 1)
     """
     validation.state_last("accept(token, state)", token, state)
-    if not jnp.issubdtype(jnp.asarray(token).dtype, jnp.integer):
-      raise ValueError(f"token: must be integer token ids; got dtype {jnp.asarray(token).dtype}")
-    validation.tokens("token", token, self.vocab_size, lowest=0)
+    validation.tokens("token", token, self.vocab_size, lowest=0, integer=True)
     if self.checking:
       checked.tokens("token", token, self.vocab_size, lowest=0)
-    token = jnp.asarray(token, jnp.int32)
-    if token.shape != state.position.shape:
-      raise ValueError(f"token: must have shape {state.position.shape} to match the state; got {token.shape}")
-    single = token.ndim == 0
-    if single:
-      token, state = token[None], jax.tree.map(lambda a: a[None], state)
-    drawn = Draw(token, jnp.ones(token.shape, bool), jnp.full(token.shape, jnp.nan, jnp.float32))
-    state = run.advance(self, state, drawn, {}, self.vocab_size or 0)
-    return jax.tree.map(lambda a: a[0], state) if single else state
-
-  # -- drawing ----------------------------------------------------------------
+    return run.accept(self, jnp.asarray(token, jnp.int32), state)
 
   def pick(self, logits: jax.Array, state: SamplerState, mask=None, **inputs) -> tuple[jax.Array, SamplerState]:
     """Draws the next token of every row and accepts it into the window.
@@ -350,17 +322,12 @@ class Sampler:
     """Speculative decoding: keeps a prefix of a draft's tokens, then adds one token of the target's own.
 
     Draft token ``x_j`` is kept with probability ``min(1, p_j(x_j) / q_j(x_j))``,
-    where ``p_j`` is the distribution :meth:`pick` would draw from at that
-    position (:meth:`probs` of ``target_logits[:, j]`` with the state after
-    the draft's first ``j`` tokens: penalty windows, DRY and mirostat see
-    them as if drawn one by one). The first token refused is replaced by a
-    draw from ``norm(max(0, p_j - q_j))``; a draft kept whole earns a bonus
-    token, :meth:`pick`'s own at row ``L``. Each emitted token then follows
-    ``p_j`` exactly, whatever ``q``. A greedy row (``p_j`` one-hot) keeps the
-    draft while it matches :meth:`pick`'s token and ends with :meth:`pick`'s
-    token. Coins and corrections come from the row's own stream (its key and
-    the token's position, apart from the draw's noise), so a row's result does
-    not depend on its batch.
+    where ``p_j`` is what :meth:`probs` gives at that position, with the state
+    after the draft's first ``j`` tokens. The first token refused is replaced
+    by a draw from ``norm(max(0, p_j - q_j))``; a draft kept whole earns
+    :meth:`pick`'s own token at row ``L``. Each emitted token thus follows
+    ``p_j`` exactly, whatever ``q``, from the row's own stream (see the
+    speculative-decoding guide).
 
     Args:
       draft_tokens: ``[B, L]`` int32 the draft's tokens (one row: ``[L]``).
@@ -431,8 +398,3 @@ class Sampler:
     """
     validation.state_last("explain(logits, state)", logits, state)
     return explain.views(self, logits, state, dict(inputs, mask=mask), top)
-
-
-def _batched(state: SamplerState) -> SamplerState:
-  """A batch of one for a single row's state."""
-  return jax.tree.map(lambda a: a[None], state) if state.position.ndim == 0 else state

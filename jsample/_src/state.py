@@ -63,7 +63,10 @@ def as_prompt(prompt) -> np.ndarray | jax.Array:
 
 
 def fork(state: SamplerState, n: int) -> SamplerState:
-  """Each row of a batched ``state`` as ``n`` rows in a row, the ``j``-th with the stream ``fold_in(key, j)``."""
+  """Each row of ``state`` (a single row's: one) as ``n`` rows in a row, the ``j``-th with the stream
+  ``fold_in(key, j)``."""
+  if state.position.ndim == 0:
+    state = jax.tree.map(lambda a: a[None], state)
   keys = jax.vmap(lambda key: jax.vmap(lambda j: jax.random.fold_in(key, j))(jnp.arange(n)))(state.key)
   copies = jax.tree.map(lambda a: jnp.repeat(a, n, axis=0), state)
   return copies._replace(key=keys.reshape(-1))
@@ -81,6 +84,20 @@ def load(window: jax.Array, position: jax.Array, prompt: jax.Array) -> tuple[jax
     slot = jnp.where(fits, jnp.mod(position + rank, width), width)
     window = window.at[slot].set(prompt, mode="drop")
   return window, position + count
+
+
+def load_prompt(prompt, state: SamplerState) -> SamplerState:
+  """:meth:`Sampler.load_prompt` on a checked ``[L]`` or ``[B, L]`` prompt: one row's, or every row's of a batch."""
+  batched = state.position.ndim == 1
+  if prompt.ndim == 2 and not batched:
+    raise ValueError(f"prompt: a [B, L] prompt needs a batched state; got shape {prompt.shape}")
+  prompt = jnp.asarray(prompt, jnp.int32)
+  if batched:
+    prompt = jnp.broadcast_to(prompt, state.position.shape + prompt.shape[-1:])
+    window, position = jax.vmap(load)(state.window, state.position, prompt)
+  else:
+    window, position = load(state.window, state.position, prompt)
+  return state._replace(window=window, position=position)
 
 
 def append(window: jax.Array, position: jax.Array, token: jax.Array) -> tuple[jax.Array, jax.Array]:

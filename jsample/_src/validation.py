@@ -71,8 +71,10 @@ def rows_of(spec: Setting, value) -> tuple[int, ...]:
   return shape[:extra]
 
 
-def tokens(name: str, ids, vocab_size: int | None, lowest: int) -> None:
-  """Concrete token ids must lie in ``[lowest, vocab_size)``."""
+def tokens(name: str, ids, vocab_size: int | None, lowest: int, integer: bool = False) -> None:
+  """Concrete token ids must lie in ``[lowest, vocab_size)`` (and, with ``integer``, be of an integer dtype)."""
+  if integer and not jnp.issubdtype(jnp.asarray(ids).dtype, jnp.integer):
+    raise ValueError(f"{name}: must be integer token ids; got dtype {jnp.asarray(ids).dtype}")
   if not is_concrete(ids):
     return
   ids = np.asarray(ids)
@@ -80,6 +82,15 @@ def tokens(name: str, ids, vocab_size: int | None, lowest: int) -> None:
     raise ValueError(f"{name}: token ids must be >= 0" + (" (or -1 for padding)" if lowest < 0 else ""))
   if vocab_size is not None and np.any(ids >= vocab_size):
     raise ValueError(f"{name}: token ids must be in [0, {vocab_size}) (the vocabulary)")
+
+
+def rows_match(known: dict[str, Setting], state: SamplerState, settings: dict) -> None:
+  """New setting values for a single row's ``state`` hold one row, not a batch."""
+  rows = state.position.shape
+  for name, value in settings.items():
+    spec = known.get(name)
+    if spec is not None and np.ndim(value) > len(rows) + len(spec.shape):
+      raise ValueError(f"{name}: the state holds one row, so give a scalar; got shape {np.shape(value)}")
 
 
 def logits(x: jax.Array, vocab_size: int | None) -> None:
