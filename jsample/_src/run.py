@@ -119,8 +119,7 @@ def accept(sampler, token: jax.Array, state: SamplerState) -> SamplerState:
   if token.shape != state.position.shape:
     raise ValueError(f"token: must have shape {state.position.shape} to match the state; got {token.shape}")
   single = token.ndim == 0
-  if single:
-    token, state = token[None], jax.tree.map(lambda a: a[None], state)
+  token, state = token.reshape(-1), _batched(state, single)
   drawn = Draw(token, jnp.ones(token.shape, bool), jnp.full(token.shape, jnp.nan, jnp.float32))
   state = advance(sampler, state, drawn, {}, sampler.vocab_size or 0)
   return jax.tree.map(lambda a: a[0], state) if single else state

@@ -237,7 +237,7 @@ class Sampler:
       ([7, -1, -1, -1], 1)
     """
     validation.state_last("accept(token, state)", token, state)
-    validation.tokens("token", token, self.vocab_size, lowest=0, integer=True)
+    validation.tokens("token", token, self.vocab_size, lowest=0)
     if self.checking:
       checked.tokens("token", token, self.vocab_size, lowest=0)
     return run.accept(self, jnp.asarray(token, jnp.int32), state)

@@ -71,9 +71,9 @@ def rows_of(spec: Setting, value) -> tuple[int, ...]:
   return shape[:extra]
 
 
-def tokens(name: str, ids, vocab_size: int | None, lowest: int, integer: bool = False) -> None:
-  """Concrete token ids must lie in ``[lowest, vocab_size)`` (and, with ``integer``, be of an integer dtype)."""
-  if integer and not jnp.issubdtype(jnp.asarray(ids).dtype, jnp.integer):
+def tokens(name: str, ids, vocab_size: int | None, lowest: int) -> None:
+  """Token ids must be of an integer dtype and, where concrete, lie in ``[lowest, vocab_size)``."""
+  if not jnp.issubdtype(jnp.asarray(ids).dtype, jnp.integer):
     raise ValueError(f"{name}: must be integer token ids; got dtype {jnp.asarray(ids).dtype}")
   if not is_concrete(ids):
     return
