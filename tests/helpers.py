@@ -241,16 +241,14 @@ def primitives(jaxpr) -> list[str]:
   return [eqn.primitive.name for eqn in equations(jaxpr)]
 
 
-def assert_one_cond_each_way(jaxpr):
-  """The accelerator strategy's shape, as a GPU needs it: no ``while`` (a loop whose predicate the host reads);
-  one ``cond`` at the top, the greedy shortcut's, whose greedy branch holds no other and no loop; in its other
-  branch one ``cond`` more, around the rare full path, which holds every fixed-length loop (``scan``) there is.
-  Returns the greedy branch's jaxpr."""
-  assert "while" not in primitives(jaxpr)
-  (shortcut,) = [eqn for eqn in jaxpr.eqns if eqn.primitive.name == "cond"]
-  chain, greedy = (branch.jaxpr for branch in shortcut.params["branches"])
-  assert "cond" not in primitives(greedy) and "scan" not in primitives(greedy)
-  (rare,) = [eqn for eqn in equations(chain) if eqn.primitive.name == "cond"]
-  inside = sum(primitives(branch.jaxpr).count("scan") for branch in rare.params["branches"])
-  assert primitives(chain).count("scan") == inside, "a loop outside the rare path"
-  return greedy
+def assert_one_cond(jaxpr) -> list:
+  """The accelerator strategy's shape, as a GPU needs it: no ``while`` (a loop whose predicate the host reads) and
+  one ``cond``, around the rare full path, which holds every fixed-length loop (``scan``) there is.
+  Returns the equations outside it: the work every call does."""
+  every = primitives(jaxpr)
+  assert "while" not in every and every.count("cond") == 1, f"{every.count('while')} while, {every.count('cond')} cond"
+  (rare,) = [eqn for eqn in equations(jaxpr) if eqn.primitive.name == "cond"]
+  inside = {id(eqn) for branch in rare.params["branches"] for eqn in equations(branch.jaxpr)}
+  common = [eqn for eqn in equations(jaxpr) if id(eqn) not in inside and eqn is not rare]
+  assert "scan" not in [eqn.primitive.name for eqn in common], "a loop outside the rare path"
+  return common

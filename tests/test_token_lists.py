@@ -13,7 +13,7 @@ from jax.experimental import checkify
 
 import jsample
 import jsample.testing
-from tests.helpers import assert_one_cond_each_way
+from tests.helpers import assert_one_cond
 
 INF = float("inf")
 F32_MAX = float(np.finfo(np.float32).max)
@@ -232,7 +232,7 @@ def test_lists_longer_than_their_size_are_refused():
 
 
 def test_the_accelerator_program_stays_branch_free_with_every_new_stage():
-  """As tests/test_structure.py asks of the recipes: no host loops and one cond each way, at B = 64, V = 262144."""
+  """As tests/test_structure.py asks of the recipes: no host loops and one cond, at B = 64, V = 262144."""
   stages = (
     jsample.allowed_tokens(size=8),
     jsample.banned_tokens(size=4),
@@ -246,4 +246,4 @@ def test_the_accelerator_program_stays_branch_free_with_every_new_stage():
   sampler = jsample.chain(*stages, strategy="accelerator")
   logits = jax.ShapeDtypeStruct((64, 262144), jnp.float32)
   state = sampler.init(seed=np.arange(64), prompt=np.zeros((64, 8), np.int32))
-  assert_one_cond_each_way(jax.make_jaxpr(sampler.pick)(logits, state).jaxpr)
+  assert_one_cond(jax.make_jaxpr(sampler.pick)(logits, state).jaxpr)

@@ -100,6 +100,9 @@ def route(sampler, raw, mask, rows: paths.RowInputs, strategy: strategies.Strate
   row's candidates (first pass or refined) and runs the full path where they cannot decide, filling ``blank``
   (``slow``'s batched output, zeros) elsewhere; ``fast`` then runs on the chosen candidates, outside the
   strategy's branches.
+
+  The greedy shortcut is the CPU strategy's alone: on an accelerator a conditional is a host round trip, and a
+  greedy row's candidates already decide it, so the accelerator's program keeps one conditional, the rare path's.
   """
 
   def run_chain():
@@ -107,7 +110,7 @@ def route(sampler, raw, mask, rows: paths.RowInputs, strategy: strategies.Strate
     cands, settled, full = strategy.fallback(ok, first, refine, slow, blank, raw, mask, rows)
     return strategies.select(settled, fast(cands), full)
 
-  greedy = paths.greedy(sampler.stages, rows, raw.shape[-1], strategy)
+  greedy = None if strategy.branch_free else paths.greedy(sampler.stages, rows, raw.shape[-1], strategy)
   if greedy is None or not raw.shape[0]:
     return run_chain()
   # A batch of greedy rows needs the best token of each row, one pass: no cut, no search.
