@@ -1,9 +1,12 @@
 """What the test modules share, so that none imports another: neutral settings, random
 rows and settings (seeded NumPy), and the chain against the float64 reference
 (``tests/reference.py``) with the full-vocabulary path run alone, the chi-square test of
-seeded draws, and a jaxpr's equations.
+seeded draws, a jaxpr's equations, and the compiled programs the whole run shares.
 """
 
+from typing import NamedTuple
+
+import jax
 import ml_dtypes
 import numpy as np
 import pytest
@@ -180,6 +183,40 @@ def batch(seed: int, vocab: int, size: int, kinds=KINDS):
     prompts.append(prompt(rng, x, WINDOW))
   per_row = {name: np.array([s[name] for s in all_settings]) for name in all_settings[0]}
   return np.stack(xs), all_settings, per_row, prompts
+
+
+# -- compiled programs the whole run shares ----------------------------------------
+# Compiling is most of the suite's time, and one program serves every setting, seed and prompt of its shapes:
+# a test that needs llama.cpp's chain takes ``shared()`` at ``ROWS x VOCAB`` rather than building its own.
+ROWS, VOCAB = 16, 300
+
+
+class Program(NamedTuple):
+  """A sampler, its jitted method, and how many times that was traced (a trace is a compilation)."""
+
+  sampler: jsample.Sampler
+  run: object
+  traces: list
+
+
+_programs: dict = {}
+
+
+def shared(method: str = "pick", recipe: str = "llama_cpp", **config) -> Program:
+  """``recipe(**config)`` (window ``WINDOW`` and budget 16 unless ``config`` says) and its jitted ``method``, built
+  once per pytest worker. A plain dict keeps them, not a ``functools.cache``: conftest clears those per file."""
+  config = dict(window_size=WINDOW, budget=16) | config
+  key = (method, recipe, tuple(sorted(config.items())))
+  if key not in _programs:
+    sampler = getattr(jsample, recipe)(**config)
+    traces = []
+
+    def counted(*args):
+      traces.append(1)
+      return getattr(sampler, method)(*args)
+
+    _programs[key] = Program(sampler, jax.jit(counted), traces)
+  return _programs[key]
 
 
 def full_path_probs(sampler, x, state):

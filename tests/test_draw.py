@@ -15,12 +15,15 @@ from tests.helpers import (
   KINDS,
   NEUTRAL,
   NEUTRAL_PENALTIES,
+  ROWS,
+  VOCAB,
   WINDOW,
   batch,
   chi_square,
   full_path_tokens,
   llama_stages,
   row,
+  shared,
 )
 
 DRAWS = 50_000
@@ -112,64 +115,60 @@ def test_uniforms_resolve_far_below_float32_epsilon():
 
 def test_greedy_takes_the_highest_logit_ties_to_the_lower_id():
   rng = np.random.default_rng(3)
-  xs = np.stack([row(rng, 500, kind) for kind in KINDS * 8])
-  sampler = jsample.llama_cpp(temperature=0.0)
-  tokens, _ = jax.jit(sampler.pick)(jnp.asarray(xs), sampler.init(seed=np.arange(len(xs))))
+  xs = np.stack([row(rng, VOCAB, KINDS[i % len(KINDS)]) for i in range(ROWS)])
+  sampler, pick, _ = shared()
+  tokens, _ = pick(jnp.asarray(xs), sampler.init(seed=np.arange(ROWS), temperature=0.0))
   expected = np.argmax(np.where(np.isnan(xs), -np.inf, xs), axis=1)  # first maximum: lowest id
   np.testing.assert_array_equal(tokens, expected)
 
 
 @pytest.mark.parametrize(
-  "vocab", [pytest.param(50, marks=pytest.mark.exhaustive), 1000, pytest.param(262144, marks=pytest.mark.exhaustive)]
+  "vocab", [pytest.param(50, marks=pytest.mark.exhaustive), VOCAB, pytest.param(262144, marks=pytest.mark.exhaustive)]
 )
 def test_token_depends_on_row_settings_seed_and_position_only(vocab):
-  size = 64 if vocab < 262144 else 8
+  size = ROWS if vocab < 262144 else 8
   xs, _, per_row, prompts = batch(vocab + 1, vocab, size)
-  sampler = jsample.llama_cpp(window_size=WINDOW, budget=64)
+  sampler, pick, _ = shared()
   state = sampler.init(seed=np.arange(size) * 7 + 1, prompt=prompts, **per_row)
-  pick = jax.jit(sampler.pick)
   tokens, _ = pick(jnp.asarray(xs), state)
   tokens = np.asarray(tokens)
   if vocab <= 50:  # jit or not (eager dispatch is slow: once, on small rows)
     np.testing.assert_array_equal(sampler.pick(jnp.asarray(xs), state)[0], tokens)
   # any candidate budget, and the full-vocabulary path alone
-  wide = jsample.llama_cpp(window_size=WINDOW, budget=1024)
-  np.testing.assert_array_equal(jax.jit(wide.pick)(jnp.asarray(xs), state)[0], tokens)
+  np.testing.assert_array_equal(shared(budget=1024).run(jnp.asarray(xs), state)[0], tokens)
   full = jax.jit(lambda x, s: full_path_tokens(sampler, x, s))(jnp.asarray(xs), state)
   np.testing.assert_array_equal(full, tokens)
   # alone, as one row; and in another slot of a reversed batch
-  single = jax.jit(sampler.pick)
   for i in range(0, size, max(1, size // 8)):
     row_state = jax.tree.map(lambda a, i=i: a[i], state)
-    assert int(single(jnp.asarray(xs[i]), row_state)[0]) == tokens[i]
+    assert int(pick(jnp.asarray(xs[i]), row_state)[0]) == tokens[i]
   flipped = jax.tree.map(lambda a: a[::-1], state)
   np.testing.assert_array_equal(pick(jnp.asarray(xs[::-1]), flipped)[0], tokens[::-1])
 
 
 def test_batch_size_and_padding_rows_do_not_matter():
-  xs, _, per_row, prompts = batch(5, 300, 16)
-  sampler = jsample.llama_cpp(window_size=WINDOW)
-  state = sampler.init(seed=np.arange(16), prompt=prompts, **per_row)
-  tokens = np.asarray(jax.jit(sampler.pick)(jnp.asarray(xs), state)[0])
-  # Pad to 64 rows with empty (-inf) rows and other settings.
-  pad = 48
-  padded_x = np.concatenate([xs, np.full((pad, 300), -np.inf, np.float32)])
+  xs, _, per_row, prompts = batch(5, VOCAB, ROWS)
+  sampler, pick, _ = shared()
+  state = sampler.init(seed=np.arange(ROWS), prompt=prompts, **per_row)
+  tokens = np.asarray(pick(jnp.asarray(xs), state)[0])
+  # Pad to 4x the rows with empty (-inf) rows and other settings.
+  pad = 3 * ROWS
+  padded_x = np.concatenate([xs, np.full((pad, VOCAB), -np.inf, np.float32)])
   padded_state = jax.tree.map(lambda a: jnp.concatenate([a, jnp.broadcast_to(a[:1], (pad, *a.shape[1:]))]), state)
   padded_state = padded_state._replace(
-    settings={**padded_state.settings, "top_k": padded_state.settings["top_k"].at[16:].set(0)}
+    settings={**padded_state.settings, "top_k": padded_state.settings["top_k"].at[ROWS:].set(0)}
   )
-  got = np.asarray(jax.jit(sampler.pick)(jnp.asarray(padded_x), padded_state)[0])
-  np.testing.assert_array_equal(got[:16], tokens)
+  got = np.asarray(pick(jnp.asarray(padded_x), padded_state)[0])
+  np.testing.assert_array_equal(got[:ROWS], tokens)
 
 
 def test_vmap_over_rows_equals_a_loop_and_the_batched_call():
-  xs, _, per_row, prompts = batch(9, 200, 12)
-  sampler = jsample.llama_cpp(window_size=WINDOW, budget=16)
-  state = sampler.init(seed=np.arange(12), prompt=prompts, **per_row)
+  xs, _, per_row, prompts = batch(9, VOCAB, ROWS)
+  sampler, pick, _ = shared()
+  state = sampler.init(seed=np.arange(ROWS), prompt=prompts, **per_row)
   mapped, mapped_state = jax.jit(jax.vmap(sampler.pick))(jnp.asarray(xs), state)
-  batched, batched_state = jax.jit(sampler.pick)(jnp.asarray(xs), state)
-  single = jax.jit(sampler.pick)
-  looped = [int(single(jnp.asarray(xs[i]), jax.tree.map(lambda a, i=i: a[i], state))[0]) for i in range(12)]
+  batched, batched_state = pick(jnp.asarray(xs), state)
+  looped = [int(pick(jnp.asarray(xs[i]), jax.tree.map(lambda a, i=i: a[i], state))[0]) for i in range(ROWS)]
   np.testing.assert_array_equal(mapped, looped)
   np.testing.assert_array_equal(batched, looped)
   for a, b in zip(jax.tree.leaves(mapped_state), jax.tree.leaves(batched_state), strict=True):
@@ -180,28 +179,23 @@ def test_vmap_over_rows_equals_a_loop_and_the_batched_call():
 
 
 def test_changing_settings_never_recompiles():
-  sampler = jsample.llama_cpp()
-  traces = []
-
-  def pick(logits, state):
-    traces.append(1)
-    return sampler.pick(logits, state)
-
-  step = jax.jit(pick)
-  x = jnp.asarray(np.random.default_rng(0).normal(size=(4, 1000)), jnp.float32)
+  sampler, step, traces = shared()
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(ROWS, VOCAB)), jnp.float32)
   rng = np.random.default_rng(1)
-  for _ in range(20):
+  for i in range(20):
     state = sampler.init(
-      seed=rng.integers(0, 1000, 4),
-      temperature=rng.uniform(0, 2, 4),
-      top_k=rng.integers(-1, 100, 4),
-      top_p=rng.uniform(0.1, 1, 4),
-      min_p=rng.uniform(0, 0.5, 4),
-      repeat_penalty=rng.uniform(0.5, 2, 4),
-      penalty_last_n=rng.integers(-1, 64, 4),
+      seed=rng.integers(0, 1000, ROWS),
+      temperature=rng.uniform(0, 2, ROWS),
+      top_k=rng.integers(-1, 100, ROWS),
+      top_p=rng.uniform(0.1, 1, ROWS),
+      min_p=rng.uniform(0, 0.5, ROWS),
+      repeat_penalty=rng.uniform(0.5, 2, ROWS),
+      penalty_last_n=rng.integers(-1, WINDOW + 1, ROWS),
     )
     step(x, state)
-  assert len(traces) == 1  # one trace, one compilation
+    if i == 0:
+      compiled = len(traces)  # the program at these shapes, traced now or by an earlier test
+  assert len(traces) == compiled
 
 
 def test_state_keeps_shape_and_dtype_through_scan_and_while_loop():
@@ -236,19 +230,17 @@ def test_state_keeps_shape_and_dtype_through_scan_and_while_loop():
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_half_precision_rows_sample_like_their_float32_values(dtype):
-  xs, _, per_row, prompts = batch(13, 700, 24)
+  xs, _, per_row, prompts = batch(13, VOCAB, ROWS)
   low = jnp.asarray(np.where(np.isnan(xs), -np.inf, xs), dtype)
-  sampler = jsample.llama_cpp(window_size=WINDOW)
-  state = sampler.init(seed=np.arange(24), prompt=prompts, **per_row)
-  np.testing.assert_array_equal(
-    jax.jit(sampler.pick)(low, state)[0], jax.jit(sampler.pick)(low.astype(jnp.float32), state)[0]
-  )
+  sampler, pick, _ = shared()
+  state = sampler.init(seed=np.arange(ROWS), prompt=prompts, **per_row)
+  np.testing.assert_array_equal(pick(low, state)[0], pick(low.astype(jnp.float32), state)[0])
 
 
 def test_neutral_settings_are_the_identity():
-  xs, _, _, prompts = batch(17, 400, 12)
-  sampler = jsample.llama_cpp(window_size=WINDOW)
+  xs, _, _, prompts = batch(17, VOCAB, ROWS)
+  sampler, probs_of, _ = shared("probs")
   state = sampler.init(seed=0, prompt=prompts, **NEUTRAL)
-  probs = np.asarray(jax.jit(sampler.probs)(jnp.asarray(xs), state), np.float64)
+  probs = np.asarray(probs_of(jnp.asarray(xs), state), np.float64)
   for i, x in enumerate(xs):
     np.testing.assert_allclose(probs[i], reference.probabilities(x, []), atol=1e-6)
