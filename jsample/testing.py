@@ -278,7 +278,8 @@ def assert_stage_conforms(
       full = budget == 4  # the full path does not depend on the budget
 
       def every(x, state, sampler=sampler, full=full, counted=(strategy, budget) == ("cpu", 4)):
-        traces.extend([1] if counted else [])
+        if counted:
+          traces.append(1)
         return sampler.probs(x, state), full_path_probs(sampler, x, state) if full else None, sampler.pick(x, state)
 
       programs[strategy, budget] = sampler, jax.jit(every)
