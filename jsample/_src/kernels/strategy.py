@@ -11,8 +11,7 @@ Both strategies compute the same tokens; they differ in how they skip work.
   host wait for the device, and a per-row loop becomes thousands of round
   trips, while a fused pass over ``[B, V]`` costs about one read. So it is
   batched and branch-free: one ``lax.cond`` per call, around the rare work
-  (the row statistics and the full-vocabulary path), which then runs for the
-  whole batch at once.
+  (the full-vocabulary path), which then runs for the whole batch at once.
 
 ``"auto"`` picks the accelerator strategy on GPU and TPU backends at trace time.
 """
@@ -81,15 +80,15 @@ def _step_by_step(ok: jax.Array, first, refine, slow, blank, *rows):
 
 
 def _all_at_once(ok: jax.Array, first, refine, slow, blank, *rows):
-  """The statistics and the full path for the whole batch at once, behind the call's one ``lax.cond``."""
+  """The full path for the whole batch at once, behind the call's one ``lax.cond``.
+
+  ``refine`` is left out: once the full path runs for every row, refining the candidates would only add the
+  statistics' passes (and a copy of the chain to the program) to choose, for some rows, the same tokens.
+  """
+  del refine
   if not ok.shape[0]:
     return first, ok, blank
-
-  def rare():
-    refined, better = refine()
-    return select(ok, first, refined), ok | better, jax.vmap(slow)(*rows)
-
-  return lax.cond(jnp.all(ok), lambda: (first, ok, blank), rare)
+  return lax.cond(jnp.all(ok), lambda: (first, ok, blank), lambda: (first, ok, jax.vmap(slow)(*rows)))
 
 
 def _race_all(logits: jax.Array, step_bits: jax.Array) -> tuple[jax.Array, jax.Array]:
