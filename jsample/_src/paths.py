@@ -138,17 +138,15 @@ def from_best(
 
   def refine():
     with_z = cut_once._replace(log_z=log_normalisers())
-    if statistic_stage(stages) is None or statistic is None:
-      return run(with_z, None)
-    if strategy.branch_free:  # one pass, statistic known: a row the log-normaliser settles never reads it
-      return run(with_z, statistic())
     c, ok = run(with_z, None)
+    if statistic_stage(stages) is None or statistic is None:
+      return c, ok
 
     def with_statistic():  # a second pass over V: only where the log-normaliser did not settle a row
       later, better = run(with_z, statistic())
       return select(ok, c, later), ok | better
 
-    return jax.lax.cond(jnp.all(ok), lambda: (c, ok), with_statistic)
+    return with_statistic() if strategy.branch_free else jax.lax.cond(jnp.all(ok), lambda: (c, ok), with_statistic)
 
   return run(cut_once._replace(log_z_known=~known), None), refine
 

@@ -37,8 +37,9 @@ class Strategy(NamedTuple):
     fallback: ``(ok [B], first, refine, slow, blank, *rows) -> (candidates,
       settled [B], full)``, per row: the candidates ``first`` where ``ok``, else
       those of ``refine()`` (a batched ``(candidates, ok)``: the candidate path
-      again, with the row statistics); ``settled`` where either is ok (a row is
-      settled when its candidates are decided and cover the row); ``full``
+      again, with the row statistics) where the strategy calls it (the CPU's;
+      the accelerator's runs the full path instead); ``settled`` where either is
+      ok (a row is settled when its candidates are decided and cover the row); ``full``
       holds ``slow(*row)``, the full-vocabulary path, where not settled, and
       ``blank`` (batched, the shape of ``slow``'s output) elsewhere. Pytrees
       batched over ``B``.
