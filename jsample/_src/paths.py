@@ -126,24 +126,28 @@ def from_best(
     # Every stage before the cut neutral in every row: the raw best are the candidates.
     idle = jnp.all(jnp.stack(before))
     cut_rows = functools.partial(_unless_idle, idle, budget, vocab, cut_rows)
-  chain_rows = jax.vmap(functools.partial(_chain_row, stages, vocab, strategy, skip))
   # The stages before the cut run once, as if the log-normaliser were known: they only clear log_z_known
   # (Stage.touches), so each pass below puts in what it knows.
   known = jnp.ones(top.shape, bool)
   cut_once = cut_rows(a, b, logits, ids, touched, rows, jnp.zeros(top.shape, jnp.float32), known)
 
-  def run(c: Candidates, statistic) -> tuple[Candidates, jax.Array]:
-    c = chain_rows(c, rows, statistic)
+  every = range(len(stages))
+
+  def run(c: Candidates, statistic, span: range = every) -> tuple[Candidates, jax.Array]:
+    c = jax.vmap(functools.partial(_chain_row, stages, vocab, strategy, skip, span))(c, rows, statistic)
     return c, c.decided & c.covers_row
 
   def refine():
     with_z = cut_once._replace(log_z=log_normalisers())
-    c, ok = run(with_z, None)
-    if statistic_stage(stages) is None or statistic is None:
-      return c, ok
+    index = statistic_stage(stages)
+    if index is None or statistic is None:
+      return run(with_z, None)
+    # The stages before the statistic's never read it: they run once, and only the rest runs again with it.
+    before, _ = run(with_z, None, range(index))
+    c, ok = run(before, None, range(index, len(stages)))
 
     def with_statistic():  # a second pass over V: only where the log-normaliser did not settle a row
-      later, better = run(with_z, statistic())
+      later, better = run(before, statistic(), range(index, len(stages)))
       return select(ok, c, later), ok | better
 
     return with_statistic() if strategy.branch_free else jax.lax.cond(jnp.all(ok), lambda: (c, ok), with_statistic)
@@ -326,11 +330,14 @@ def _ahead(logit, token, last, last_id) -> jax.Array:
   return (logit > last) | ((logit == last) & (token <= last_id))
 
 
-def _chain_row(stages, vocab: int, strategy: Strategy, skip, c: Candidates, row: RowInputs, statistic) -> Candidates:
-  """The ``O(K)`` rest of the candidate path, for one row; ``skip`` (unbatched) leaves out the stages every row
-  has neutral."""
+def _chain_row(
+  stages, vocab: int, strategy: Strategy, skip, span: range, c: Candidates, row: RowInputs, statistic
+) -> Candidates:
+  """The ``O(K)`` rest of the candidate path for one row, the stages of ``span`` (indices into ``stages``);
+  ``skip`` (unbatched) leaves out the stages every row has neutral."""
   index = statistic_stage(stages)
-  for i, stage in enumerate(stages):
+  for i in span:
+    stage = stages[i]
     if stage.touches is None:
       ctx = context(stage, row, vocab, strategy, statistic if i == index else None)
       apply = functools.partial(lambda c, stage, ctx: stage.on_candidates(c, row.settings, ctx), stage=stage, ctx=ctx)
