@@ -2,6 +2,14 @@ import gc
 import os
 from pathlib import Path
 
+# Compiling is most of the suite's time, and the programs run on rows of a few hundred tokens: LLVM's
+# optimisation of the CPU code they compile to costs more than it saves (llama_cpp()'s pick at 16 x 300:
+# 6.3 s to compile, 4.2 s without it; same tokens: optimisation does not change IEEE float arithmetic).
+# Set before JAX starts its backend (importing jsample does); an XLA_FLAGS of the caller's that names a
+# level keeps it.
+if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+
 import jax
 import pytest
 

@@ -147,7 +147,8 @@ def _decidable(run, paths, sampler, logits, state, mask):
 
 @pytest.fixture(scope="module")
 def report():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+  flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8".strip()  # conftest's too
+  env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
   root = Path(__file__).resolve().parents[1]
   env["PYTHONPATH"] = os.pathsep.join([str(root)] + [p for p in [env.get("PYTHONPATH")] if p])
   done = subprocess.run(
