@@ -144,10 +144,11 @@ def from_best(
       return run(with_z, None)
     # The stages before the statistic's never read it: they run once, and only the rest runs again with it.
     before, _ = run(with_z, None, range(index))
-    c, ok = run(before, None, range(index, len(stages)))
+    rest = range(index, len(stages))
+    c, ok = run(before, None, rest)
 
     def with_statistic():  # a second pass over V: only where the log-normaliser did not settle a row
-      later, better = run(before, statistic(), range(index, len(stages)))
+      later, better = run(before, statistic(), rest)
       return select(ok, c, later), ok | better
 
     return with_statistic() if strategy.branch_free else jax.lax.cond(jnp.all(ok), lambda: (c, ok), with_statistic)
