@@ -11,6 +11,7 @@ import jsample
 import jsample.testing
 from tests.helpers import (
   NEUTRAL_PENALTIES,
+  OPTIMISED,
   WINDOW,
   check_against_reference,
   full_path_probs,
@@ -58,12 +59,13 @@ def _compiled(recipe, strategy: str):
   """The recipe's sampler and its four compiled functions. The settings are state values, so every case of one
   recipe and strategy shares them: each compile at Gemma's vocabulary takes several seconds."""
   sampler = recipe(window_size=WINDOW, strategy=strategy)
+  jit = functools.partial(jax.jit, compiler_options=OPTIMISED)
   return (
     sampler,
-    jax.jit(sampler.probs),
-    jax.jit(lambda x, s: full_path_probs(sampler, x, s)),
-    jax.jit(sampler.pick),
-    jax.jit(lambda x, s: full_path_tokens(sampler, x, s)),
+    jit(sampler.probs),
+    jit(lambda x, s: full_path_probs(sampler, x, s)),
+    jit(sampler.pick),
+    jit(lambda x, s: full_path_tokens(sampler, x, s)),
   )
 
 
