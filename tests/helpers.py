@@ -189,10 +189,10 @@ def batch(seed: int, vocab: int, size: int, kinds=KINDS):
 # Compiling is most of the suite's time, and one program serves every setting, seed and prompt of its shapes:
 # a test that needs llama.cpp's chain takes ``shared()`` at ``ROWS x VOCAB`` rather than building its own.
 ROWS, VOCAB = 16, 300
-# The suite compiles without LLVM's optimisation (tests/conftest.py), which suits rows of a few hundred tokens; a
-# program that runs on Gemma's 262,144-wide rows asks for XLA's default level back (``jax.jit(...,
-# compiler_options=OPTIMISED)``): llama_cpp()'s full path on 4 such rows ran in 0.71 s unoptimised, 0.23 s
-# optimised, for 0.5 s more compiling.
+# The suite compiles without LLVM's optimisation (tests/conftest.py), which suits programs that run a few small
+# rows; one that runs long (Gemma's 262,144-wide rows, the soak's 1,000 steps) asks for XLA's default level back
+# (``jax.jit(..., compiler_options=OPTIMISED)``): llama_cpp()'s full path on 4 Gemma-wide rows ran in 0.71 s
+# unoptimised, 0.23 s optimised, for 0.5 s more compiling.
 OPTIMISED = {"xla_backend_optimization_level": 2}
 
 
