@@ -183,9 +183,14 @@ def greedy(stages: tuple[Stage, ...], rows: RowInputs, vocab: int, strategy: Str
   return jax.vmap(one)(rows) & jnp.all((touched < 0) | (touched >= vocab), axis=1)
 
 
-def best(raw: jax.Array, mask, strategy: Strategy) -> Candidates:
-  """The best token of each cleaned row, as candidates ``[B, 1]``: the cut's first pass and no more."""
+def best(raw: jax.Array, mask, strategy: Strategy, budget: int) -> Candidates:
+  """The best token of each cleaned row, as candidates ``[B, K]`` (the chain's shape, ``K`` from ``budget``)
+  with the others empty: the cut's first pass and no more."""
   logits, ids = cut.top_candidates(raw, mask, 1, branch_free=strategy.branch_free)
+  vocab = raw.shape[-1]
+  empty = min(budget, vocab) - 1  # empty candidates: -inf at id V, which every reader drops
+  logits = jnp.pad(logits, ((0, 0), (0, empty)), constant_values=-jnp.inf)
+  ids = jnp.pad(ids, ((0, 0), (0, empty)), constant_values=vocab)
   unknown = jnp.zeros(logits.shape[:1], jnp.float32)
   return Candidates(ids, logits, unknown, unknown > 0, unknown == 0, unknown == 0)
 

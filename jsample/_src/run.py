@@ -107,14 +107,18 @@ def route(sampler, raw, mask, rows: paths.RowInputs, strategy: strategies.Strate
 
   def run_chain():
     (first, ok), refine = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, strategy)
-    cands, settled, full = strategy.fallback(ok, first, refine, slow, blank, raw, mask, rows)
-    return strategies.select(settled, fast(cands), full)
+    return strategy.fallback(ok, first, refine, slow, blank, raw, mask, rows)
+
+  def best():  # a batch of greedy rows needs the best token of each row, one pass: no cut, no search
+    settled = jnp.ones(raw.shape[:1], bool)
+    return paths.best(raw, mask, strategy, sampler.budget), settled, blank
 
   greedy = None if strategy.branch_free else paths.greedy(sampler.stages, rows, raw.shape[-1], strategy)
   if greedy is None or not raw.shape[0]:
-    return run_chain()
-  # A batch of greedy rows needs the best token of each row, one pass: no cut, no search.
-  return lax.cond(jnp.all(greedy), lambda: fast(paths.best(raw, mask, strategy)), run_chain)
+    cands, settled, full = run_chain()
+  else:
+    cands, settled, full = lax.cond(jnp.all(greedy), best, run_chain)
+  return strategies.select(settled, fast(cands), full)
 
 
 def accept(sampler, token: jax.Array, state: SamplerState) -> SamplerState:
