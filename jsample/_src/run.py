@@ -96,10 +96,10 @@ def probs(sampler, logits, state: SamplerState, inputs: dict) -> jax.Array:
 def route(sampler, raw, mask, rows: paths.RowInputs, strategy: strategies.Strategy, fast, slow, blank):
   """``fast(candidates)`` for the rows the candidates decide, ``slow(row)`` for the others.
 
-  Each is written into the program once, besides the greedy shortcut's own ``fast``: the strategy chooses each
-  row's candidates (first pass or refined) and runs the full path where they cannot decide, filling ``blank``
-  (``slow``'s batched output, zeros) elsewhere; ``fast`` then runs on the chosen candidates, outside the
-  strategy's branches.
+  Each is written into the program once: the strategy chooses each row's candidates (first pass or refined) and
+  runs the full path where they cannot decide, filling ``blank`` (``slow``'s batched output, zeros) elsewhere;
+  the greedy shortcut's candidates are each row's best token alone; ``fast`` then runs on the chosen
+  candidates, outside every branch.
 
   The greedy shortcut is the CPU strategy's alone: on an accelerator a conditional is a host round trip, and a
   greedy row's candidates already decide it, so the accelerator's program keeps one conditional, the rare path's.
