@@ -92,11 +92,12 @@ def xtc(probability: float = 0.0, threshold: float = 0.1, min_keep: int = 0) -> 
     counted = c.covers_row | (alive[-1] & ~above[-1])
     # Beyond the candidates there are more survivors, never fewer: enough here is enough.
     enough = count - gone >= least
-    remove = acts(s, ctx) & (gone > 0) & enough
+    act = acts(s, ctx)
+    remove = act & (gone > 0) & enough
     return c._replace(
       logits=jnp.where(remove & above & (survivor_rank(c.logits) <= gone), -jnp.inf, c.logits),
       log_z_known=c.log_z_known & ~remove,
-      decided=c.decided & (~acts(s, ctx) | (known & counted & (c.covers_row | enough | (gone <= 0)))),
+      decided=c.decided & (~act | (known & counted & (c.covers_row | enough | (gone <= 0)))),
     )
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
