@@ -132,7 +132,7 @@ def test_token_depends_on_row_settings_seed_and_position_only(vocab):
   state = sampler.init(seed=np.arange(size) * 7 + 1, prompt=prompts, **per_row)
   tokens, _ = pick(jnp.asarray(xs), state)
   tokens = np.asarray(tokens)
-  if vocab <= 50:  # jit or not (eager dispatch is slow: once, on small rows)
+  if vocab <= 50:  # called outside jit: the program the sampler compiles and keeps for itself
     np.testing.assert_array_equal(sampler.pick(jnp.asarray(xs), state)[0], tokens)
   # any candidate budget, and the full-vocabulary path alone
   np.testing.assert_array_equal(shared(budget=1024).run(jnp.asarray(xs), state)[0], tokens)

@@ -359,15 +359,19 @@ def test_a_stage_skipped_for_the_batch_leaves_each_rows_token_alone():
   np.testing.assert_array_equal(np.asarray(skipped_probs), np.asarray(probs)[:live])
 
 
-def test_eager_equals_jit():
+def test_op_by_op_equals_jit():
+  """Run op by op (``jax.disable_jit``: each operation on its own, the conditionals and loops in Python), the
+  sampler draws what its compiled program draws. (Called outside ``jit``, it compiles the program: see
+  ``test_a_call_outside_jit_compiles_once``.)"""
   chain, vocab = "llama_cpp", 33
 
-  @hypothesis.settings(FUZZ, max_examples=examples(2))  # eager dispatch is slow
+  @hypothesis.settings(FUZZ, max_examples=examples(2))  # op-by-op dispatch is slow
   @hypothesis.given(batches(vocab, True))
   def check(batch):
     x, settings, prompts, allowed = batch
     state = init(chain, settings, prompts)
-    eager, _ = sampler(chain).pick(jnp.asarray(x), state, jnp.asarray(allowed))
+    with jax.disable_jit():
+      eager, _ = sampler(chain).pick(jnp.asarray(x), state, jnp.asarray(allowed))
     np.testing.assert_array_equal(eager, picker(chain, 8)(jnp.asarray(x), state, jnp.asarray(allowed)))
 
   check()

@@ -106,3 +106,22 @@ def test_vmap_of_pick_gives_the_batched_tokens_with_shared_and_per_row_arguments
   np.testing.assert_array_equal(shared[0], pick(jnp.tile(x[:1], (6, 1)), state, jnp.tile(allowed[:1], (6, 1)))[0])
   probs = jax.jit(jax.vmap(sampler.probs))(x, state, allowed)
   np.testing.assert_allclose(probs, jax.jit(sampler.probs)(x, state, allowed), atol=1e-7)
+
+
+def test_a_call_outside_jit_compiles_once(caplog):
+  """Called on concrete arrays, a sampler compiles each method once per shape and keeps it: a second call with
+  new settings, seeds and logits compiles nothing (run op by op, each call would compile its conditionals
+  again), and draws what ``jax.jit`` of the method draws."""
+  sampler = jsample.chain(jsample.top_p(), jsample.temperature(), window_size=4, budget=4)
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(3, 40)).astype(np.float32)
+  sampler.pick(x, sampler.init(seed=[1, 2, 3]))
+  state = sampler.init(seed=[4, 5, 6], top_p=[0.5, 0.9, 1.0], temperature=[0.0, 0.7, 1.5])
+  with caplog.at_level("WARNING"), jax.log_compiles():
+    caplog.clear()
+    tokens, after = sampler.pick(2 * x, state)
+    compiles = [r.getMessage() for r in caplog.records if "Finished XLA compilation" in r.getMessage()]
+  assert not compiles, compiles
+  expected, expected_state = jax.jit(sampler.pick)(2 * x, state)
+  np.testing.assert_array_equal(tokens, expected)
+  np.testing.assert_array_equal(after.window, expected_state.window)

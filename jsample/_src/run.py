@@ -24,7 +24,21 @@ def one_row_or_batch(sampler, method, logits, state: SamplerState, inputs: dict,
   program over the rows, and its conditionals would become selects that run
   every branch (the full-vocabulary path included) for every row. The rule
   runs the batched call instead: the same tokens, at the batched call's cost.
+
+  Called on concrete arrays (outside ``jit``), the call is compiled once per
+  sampler, method and shapes (:func:`compiled`) rather than run op by op.
   """
+  if outside_jit(sampler, (logits, state, inputs)):
+    logits = jnp.asarray(logits)
+    inputs = {name: None if value is None else jnp.asarray(value) for name, value in inputs.items()}
+    validation.logits(logits, sampler.vocab_size)
+    # The one check of values that a traced call skips: the window's ids.
+    validation.tokens("state.window", state.window, logits.shape[-1], lowest=-1)
+    return compiled(sampler, _one_row_or_batch, method, **static)(logits, state, inputs)
+  return _one_row_or_batch(sampler, method, logits, state, inputs, **static)
+
+
+def _one_row_or_batch(sampler, method, logits, state: SamplerState, inputs: dict, **static):
   call = functools.partial(method, sampler, **static)
   if jnp.ndim(logits) != 1 or sampler.checking:  # checkify does not cross a custom batching rule
     return call(logits, state, inputs)
@@ -44,6 +58,27 @@ def one_row_or_batch(sampler, method, logits, state: SamplerState, inputs: dict,
     return out, jax.tree.map(lambda _: True, out)
 
   return one_row(logits, state, inputs)
+
+
+def compiled(sampler, function, *static_args, **static):
+  """``jax.jit`` of ``function(sampler, *static_args, *arrays, **static)``, made once per sampler (kept on it),
+  function and static arguments: how a sampler runs a call made outside ``jit`` (:func:`outside_jit`).
+
+  Run op by op, a call dispatches thousands of operations, and JAX compiles each of its conditionals afresh
+  on every call (their branches are new functions each time): about 5 s per call of ``llama_cpp().pick``,
+  against one compile and then microseconds.
+  """
+  key = (function, static_args, tuple(sorted(static.items())))
+  programs = sampler._programs
+  if key not in programs:
+    programs[key] = jax.jit(functools.partial(function, sampler, *static_args, **static))
+  return programs[key]
+
+
+def outside_jit(sampler, arrays) -> bool:
+  """Whether a call on ``arrays`` is made outside any trace (``jit``, ``vmap``, ...), so that the sampler
+  compiles it (:func:`compiled`); a checked sampler runs op by op, where its checks raise at once."""
+  return sampler.checking is None and not any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves(arrays))
 
 
 def draws(

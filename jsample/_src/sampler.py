@@ -1,6 +1,7 @@
 """Samplers: a chain of stages and the pure functions that run it."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -65,6 +66,11 @@ class Sampler:
     validation.chain(self.stages, self.window_size, self.budget, self.vocab_size, self.strategy)
     for setting in self.settings.values():
       self._check(setting, setting.default)
+
+  @functools.cached_property
+  def _programs(self) -> dict:
+    """The compiled programs of calls made outside ``jit`` (:func:`run.compiled`), by method and static options."""
+    return {}
 
   def _check(self, setting: Setting, value) -> None:  # a setting's value against the static sizes it may name
     validation.setting(setting, value, {"window_size": self.window_size, "budget": self.budget})

@@ -10,6 +10,8 @@ the target's last row. Every emitted token then follows ``p_j`` exactly
 (Leviathan et al. 2023; Chen et al. 2023).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -50,7 +52,9 @@ def verify(sampler, draft_tokens, draft_probs, target_logits, state: SamplerStat
     draft_tokens, target_logits, state = jax.tree.map(lambda a: a[None], (draft_tokens, target_logits, state))
     draft_probs, mask, inputs = jax.tree.map(lambda a: jnp.asarray(a)[None], (draft_probs, mask, inputs))
   _check(sampler, draft_tokens, draft_probs, target_logits, state, mask, inputs)
-  tokens, accepted, state = _batch(sampler, draft_tokens, draft_probs, target_logits, state, mask, inputs)
+  arrays = (draft_tokens, draft_probs, target_logits, state, mask, inputs)
+  batch = run.compiled(sampler, _batch) if run.outside_jit(sampler, arrays) else functools.partial(_batch, sampler)
+  tokens, accepted, state = batch(*arrays)
   if single:
     tokens, accepted, state = jax.tree.map(lambda a: a[0], (tokens, accepted, state))
   return tokens, accepted, state

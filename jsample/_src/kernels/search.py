@@ -61,7 +61,7 @@ def shortest_prefix(logits: jax.Array, weight: jax.Array, target: jax.Array) -> 
     return jnp.sum(jnp.where(key >= bound, weight, zero))
 
   def refine_key(i, bound):
-    trial = bound | (jnp.uint32(1) << (31 - i).astype(jnp.uint32))
+    trial = bound | (jnp.uint32(1) << jnp.asarray(31 - i).astype(jnp.uint32))
     return jnp.where(weight_from(trial) >= target, trial, bound)
 
   # The largest key whose upper set still reaches the target: the key of the
