@@ -27,7 +27,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jsample._src import draw, paths, run
-from jsample._src.kernels.strategy import select
 from jsample._src.recipes import chain
 from jsample._src.sampler import Sampler
 from jsample._src.stage import Stage
@@ -92,11 +91,8 @@ def candidate_path(sampler: Sampler, logits, state, mask=None, *, statistics: bo
     ([1], [True])
   """
   (raw, mask), rows, single, strategy = run.prepare(sampler, logits, state, dict(inputs, mask=mask))
-  (cands, ok), refine = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, strategy)
-  if statistics:
-    refined, better = refine()
-    cands = select(ok, cands, refined)
-    ok = ok | better
+  path = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, strategy)
+  cands, ok = path.settle() if statistics else path.first()
   drawn = jax.vmap(draw.on_candidates)(cands.logits, cands.ids, rows.step_bits)
   return jax.tree.map(lambda a: a[0], (drawn, ok)) if single else (drawn, ok)
 
@@ -113,8 +109,7 @@ def settled_on_candidates(sampler: Sampler, logits, state, mask=None, **inputs) 
     [False, True]
   """
   (raw, mask), rows, single, strategy = run.prepare(sampler, logits, state, dict(inputs, mask=mask))
-  (_, ok), refine = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, strategy)
-  ok = ok | refine()[1]
+  _, ok = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, strategy).settle()
   return ok[0] if single else ok
 
 

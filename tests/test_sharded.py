@@ -141,8 +141,7 @@ def child() -> None:
 def _decidable(run, paths, sampler, logits, state, mask):
   """The rows one device decides on its candidates, without its full-vocabulary path."""
   (raw, mask), rows, _, plan = run.prepare(sampler, logits, state, {"mask": mask})
-  (_, ok), refine = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, plan)
-  return ok | refine()[1]
+  return paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, plan).settle()[1]
 
 
 @pytest.fixture(scope="module")

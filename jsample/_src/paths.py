@@ -8,10 +8,12 @@ How rows are batched, skipped and searched is the :class:`Strategy`'s business.
 """
 
 import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from jsample._src.kernels import cut
 from jsample._src.kernels.strategy import Strategy, select
@@ -38,7 +40,7 @@ class RowInputs(NamedTuple):
   stages: dict[str, Any]
 
 
-def context(stage: Stage, row: RowInputs, vocab: int, strategy: Strategy, statistic=None) -> Context:
+def context(stage: Stage, row: RowInputs, vocab: int, strategy: Strategy, statistic=jnp.nan) -> Context:
   """The :class:`Context` one stage sees for one (unbatched) row."""
   return Context(
     window=row.window,
@@ -59,13 +61,7 @@ def statistic_stage(stages: tuple[Stage, ...]) -> int | None:
 
 
 def candidates(stages: tuple[Stage, ...], budget: int, raw: jax.Array, mask, rows: RowInputs, strategy: Strategy):
-  """The chain on candidates ``[B, K]``: ``(first, refine)``.
-
-  ``first`` runs without the row statistics, which cost passes over ``V``;
-  ``refine()`` runs again with them. Each returns the candidates and the rows
-  they settle (``decided & covers_row``); the strategy calls ``refine`` only where
-  some row needs it.
-  """
+  """The chain on candidates ``[B, K]``, as a :class:`CandidatePath`: the cut is made, the chain runs when asked."""
   vocab = raw.shape[-1]
   touched = touched_ids(stages, rows, vocab, strategy)
   logits, ids = cut.top_candidates(raw, mask, cut_width(budget, touched, vocab), branch_free=strategy.branch_free)
@@ -83,6 +79,59 @@ def candidates(stages: tuple[Stage, ...], budget: int, raw: jax.Array, mask, row
   )
 
 
+class CandidatePath(NamedTuple):
+  """The chain on each row's candidates after the cut, run at what is known of the rest of the row.
+
+  Three levels of knowledge, each costlier than the one before: nothing (the first run), the row's
+  log-normaliser (a pass over ``V``), and also the row statistic (another). A row is settled where its
+  candidates are decided and cover the row.
+
+  Attributes:
+    run: ``(log_z [B], log_z_known [B] bool, statistic [B]) -> (candidates, settled [B])``; ``statistic`` is NaN
+      where it is not computed.
+    log_normalisers: ``() -> [B]``, each cleaned row's ``log Σ exp``.
+    statistic: ``() -> [B]``, the row statistic (:func:`row_statistic`), or None where the chain has none or
+      none can be had.
+  """
+
+  run: Callable[[jax.Array, jax.Array, jax.Array], tuple[Candidates, jax.Array]]
+  log_normalisers: Callable[[], jax.Array]
+  statistic: Callable[[], jax.Array] | None
+  size: int
+
+  def first(self) -> tuple[Candidates, jax.Array]:
+    """The run that knows nothing beyond the candidates: no pass over ``V``."""
+    unknown = jnp.full((self.size,), jnp.nan, jnp.float32)
+    return self.run(jnp.zeros(self.size, jnp.float32), jnp.zeros(self.size, bool), unknown)
+
+  def settle(self) -> tuple[Candidates, jax.Array]:
+    """Each level in turn while some row is not settled, each row keeping the first level that settles it.
+
+    One loop, so that the program holds one copy of the chain, not one per level; its passes over ``V`` run
+    only for the levels reached.
+    """
+    levels = 2 if self.statistic is None else 3
+    unknown = jnp.full((self.size,), jnp.nan, jnp.float32)
+
+    def more(carry):
+      level, _, settled, _, _ = carry
+      return (level == 0) | ((level < levels) & ~jnp.all(settled))
+
+    def level_up(carry):
+      level, cands, settled, log_z, statistic = carry
+      log_z = lax.cond(level == 1, self.log_normalisers, lambda: log_z)
+      if self.statistic is not None:
+        statistic = lax.cond(level == 2, self.statistic, lambda: statistic)
+      now, ok = self.run(log_z, jnp.broadcast_to(level >= 1, settled.shape), statistic)
+      return level + 1, select(settled, cands, now), settled | ok, log_z, statistic
+
+    shapes = jax.eval_shape(self.first)
+    blank = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
+    start = (jnp.int32(0), blank[0], blank[1], jnp.zeros(self.size, jnp.float32), unknown)
+    _, cands, settled, _, _ = lax.while_loop(more, level_up, start)
+    return cands, settled
+
+
 def cut_width(budget: int, touched: jax.Array, vocab: int) -> int:
   """How many of the best raw tokens the cut takes: ``K`` and up to ``K`` more for the touched ids."""
   return min(vocab, budget + min(touched.shape[1], budget))
@@ -95,7 +144,7 @@ def touched_ids(stages: tuple[Stage, ...], rows: RowInputs, vocab: int, strategy
 
 def from_best(
   stages, budget: int, vocab: int, rows: RowInputs, strategy: Strategy, best, source, log_normalisers, statistic
-):
+) -> CandidatePath:
   """:func:`candidates` from the cut's raw best, wherever they came from (one device, or merged shards).
 
   Args:
@@ -127,33 +176,17 @@ def from_best(
     idle = jnp.all(jnp.stack(before))
     cut_rows = functools.partial(_unless_idle, idle, budget, vocab, cut_rows)
   # The stages before the cut run once, as if the log-normaliser were known: they only clear log_z_known
-  # (Stage.touches), so each pass below puts in what it knows.
+  # (Stage.touches), so each run puts in what it knows.
   known = jnp.ones(top.shape, bool)
   cut_once = cut_rows(a, b, logits, ids, touched, rows, jnp.zeros(top.shape, jnp.float32), known)
 
-  every = range(len(stages))
-
-  def run(c: Candidates, statistic, span: range = every) -> tuple[Candidates, jax.Array]:
-    c = jax.vmap(functools.partial(_chain_row, stages, vocab, strategy, skip, span))(c, rows, statistic)
+  def run(log_z, log_z_known, statistic) -> tuple[Candidates, jax.Array]:
+    c = cut_once._replace(log_z=log_z, log_z_known=cut_once.log_z_known & log_z_known)
+    c = jax.vmap(functools.partial(_chain_row, stages, vocab, strategy, skip))(c, rows, statistic)
     return c, c.decided & c.covers_row
 
-  def refine():
-    with_z = cut_once._replace(log_z=log_normalisers())
-    index = statistic_stage(stages)
-    if index is None or statistic is None:
-      return run(with_z, None)
-    # The stages before the statistic's never read it: they run once, and only the rest runs again with it.
-    before, _ = run(with_z, None, range(index))
-    rest = range(index, len(stages))
-    c, ok = run(before, None, rest)
-
-    def with_statistic():  # a second pass over V: only where the log-normaliser did not settle a row
-      later, better = run(before, statistic(), rest)
-      return select(ok, c, later), ok | better
-
-    return with_statistic() if strategy.branch_free else jax.lax.cond(jnp.all(ok), lambda: (c, ok), with_statistic)
-
-  return run(cut_once._replace(log_z_known=~known), None), refine
+  has_statistic = statistic is not None and statistic_stage(stages) is not None
+  return CandidatePath(run, log_normalisers, statistic if has_statistic else None, top.shape[0])
 
 
 def _read_row(raw: jax.Array, mask, ids: jax.Array) -> jax.Array:
@@ -336,16 +369,14 @@ def _ahead(logit, token, last, last_id) -> jax.Array:
   return (logit > last) | ((logit == last) & (token <= last_id))
 
 
-def _chain_row(
-  stages, vocab: int, strategy: Strategy, skip, span: range, c: Candidates, row: RowInputs, statistic
-) -> Candidates:
-  """The ``O(K)`` rest of the candidate path for one row, the stages of ``span`` (indices into ``stages``);
-  ``skip`` (unbatched) leaves out the stages every row has neutral."""
+def _chain_row(stages, vocab: int, strategy: Strategy, skip, c: Candidates, row: RowInputs, statistic) -> Candidates:
+  """The ``O(K)`` rest of the candidate path for one row: the stages after the cut, but those ``skip``
+  (unbatched) says every row has neutral. The first stage that declares a row statistic gets ``statistic``."""
   index = statistic_stage(stages)
-  for i in span:
-    stage = stages[i]
+  unknown = jnp.float32(jnp.nan)
+  for i, stage in enumerate(stages):
     if stage.touches is None:
-      ctx = context(stage, row, vocab, strategy, statistic if i == index else None)
+      ctx = context(stage, row, vocab, strategy, statistic if i == index else unknown)
       apply = functools.partial(lambda c, stage, ctx: stage.on_candidates(c, row.settings, ctx), stage=stage, ctx=ctx)
       c = apply(c) if skip[i] is None else jax.lax.cond(skip[i], lambda c: c, apply, c)
   return c

@@ -141,8 +141,8 @@ def route(sampler, raw, mask, rows: paths.RowInputs, strategy: strategies.Strate
   """
 
   def run_chain():
-    (first, ok), refine = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, strategy)
-    return strategy.fallback(ok, first, refine, slow, blank, raw, mask, rows)
+    path = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, strategy)
+    return strategy.fallback(path, slow, blank, raw, mask, rows)
 
   def best():  # a batch of greedy rows needs the best token of each row, one pass: no cut, no search
     settled = jnp.ones(raw.shape[:1], bool)

@@ -141,7 +141,7 @@ def sharded(
 def _candidates(sampler, vocab: int, strategy, best, touched, touched_logits, rows, log_z):
   """The candidate path on the merged candidates: ``(candidates, settled)``; without ``log_z`` (None), the
   first run, else the run with the row's log-normalisers."""
-  (first, ok), refine = paths.from_best(
+  path = paths.from_best(
     sampler.stages,
     sampler.budget,
     vocab,
@@ -152,7 +152,9 @@ def _candidates(sampler, vocab: int, strategy, best, touched, touched_logits, ro
     lambda: log_z,
     None,
   )
-  return (first, ok) if log_z is None else refine()
+  if log_z is None:
+    return path.first()
+  return path.run(log_z, jnp.ones(log_z.shape, bool), jnp.full(log_z.shape, jnp.nan, jnp.float32))
 
 
 def _full_path(sampler, whole: NamedSharding, raw, mask, rows: paths.RowInputs, logprob: bool) -> draw.Draw:

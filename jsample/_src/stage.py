@@ -96,9 +96,10 @@ class Context(NamedTuple):
       use :meth:`uniform` for a stage's own randomness.
     inputs: the per-call inputs the stage declared, for this row.
     state: the stage's own state for this row (None without ``init_state``).
-    row_statistic: the stage's row statistic (on candidates), or None where it is not
-      computed (the first pass, or the stage declared none). It describes the
-      row as the cut gave it, so it holds for the row the stage sees only where
+    row_statistic: ``[]`` float32, the stage's row statistic (on candidates), NaN
+      where it is not computed (before the row's statistics are, or the stage
+      declared none; a stage then treats it as unknown). It describes the row
+      as the cut gave it, so it holds for the row the stage sees only where
       ``Candidates.log_z_known`` does; only the first stage that declares a
       statistic gets one.
     branch_free: whether the strategy in use wants no data-dependent loops
@@ -119,7 +120,7 @@ class Context(NamedTuple):
   step_bits: Any = None
   inputs: dict[str, jax.Array] = {}
   state: Any = None
-  row_statistic: Any = None
+  row_statistic: Any = float("nan")
   branch_free: bool = False
 
   def ids(self, width: int) -> jax.Array:

@@ -34,15 +34,11 @@ class Strategy(NamedTuple):
   Attributes:
     name: ``"cpu"`` or ``"accelerator"``.
     branch_free: whether the cut and the statistics avoid ``lax.cond``.
-    fallback: ``(ok [B], first, refine, slow, blank, *rows) -> (candidates,
-      settled [B], full)``, per row: the candidates ``first`` where ``ok``, else
-      those of ``refine()`` (a batched ``(candidates, ok)``: the candidate path
-      again, with the row statistics) where the strategy calls it (the CPU's;
-      the accelerator's runs the full path instead); ``settled`` where either is
-      ok (a row is settled when its candidates are decided and cover the row); ``full``
-      holds ``slow(*row)``, the full-vocabulary path, where not settled, and
-      ``blank`` (batched, the shape of ``slow``'s output) elsewhere. Pytrees
-      batched over ``B``.
+    fallback: ``(path, slow, blank, *rows) -> (candidates, settled [B], full)``: each row's candidates from
+      ``path`` (a :class:`~jsample._src.paths.CandidatePath`: its first run, or on the CPU each level of
+      knowledge it needs, ``path.settle()``); ``settled`` where they decide the row; ``full`` holds
+      ``slow(*row)``, the full-vocabulary path, where not settled, and ``blank`` (batched, the shape of
+      ``slow``'s output) elsewhere. Pytrees batched over ``B``.
     race_row: ``(logits [V], step_bits [2]) -> (token, valid)`` over a whole row.
   """
 
@@ -61,14 +57,12 @@ def select(ok: jax.Array, fast, slow):
   return jax.tree.map(pick, fast, slow)
 
 
-def _step_by_step(ok: jax.Array, first, refine, slow, blank, *rows):
-  """Each rarer step only where needed: the statistics when some row needs
-  them, then the full path row by row (``lax.map``) for the rows that still
-  do, so that its ``O(V)`` temporaries exist for one row at a time. (Rows are
-  indexed inside the loop, not mapped over: mapping would copy the whole batch
-  of logits first.)"""
-  refined, better = lax.cond(jnp.all(ok), lambda: (first, ok), refine)
-  cands, ok = select(ok, first, refined), ok | better
+def _step_by_step(path, slow, blank, *rows):
+  """Each rarer step only where needed: the log-normalisers, then the statistics, when some row needs them
+  (``path.settle()``), then the full path row by row (``lax.map``) for the rows that still do, so that its
+  ``O(V)`` temporaries exist for one row at a time. (Rows are indexed inside the loop, not mapped over:
+  mapping would copy the whole batch of logits first.)"""
+  cands, ok = path.settle()
   if not ok.shape[0]:  # no rows: nothing to index
     return cands, ok, blank
 
@@ -80,13 +74,14 @@ def _step_by_step(ok: jax.Array, first, refine, slow, blank, *rows):
   return cands, ok, lax.cond(jnp.all(ok), lambda: blank, lambda: lax.map(one, jnp.arange(ok.shape[0])))
 
 
-def _all_at_once(ok: jax.Array, first, refine, slow, blank, *rows):
+def _all_at_once(path, slow, blank, *rows):
   """The full path for the whole batch at once, behind the call's one ``lax.cond``.
 
-  ``refine`` is left out: once the full path runs for every row, refining the candidates would only add the
-  statistics' passes (and a copy of the chain to the program) to choose, for some rows, the same tokens.
+  The candidates are the first run's alone: once the full path runs for every row, refining them with the
+  row's log-normaliser and statistics would only add their passes (and a copy of the chain to the program)
+  to choose, for some rows, the same tokens.
   """
-  del refine
+  first, ok = path.first()
   if not ok.shape[0]:
     return first, ok, blank
   return lax.cond(jnp.all(ok), lambda: (first, ok, blank), lambda: (first, ok, jax.vmap(slow)(*rows)))

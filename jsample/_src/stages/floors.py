@@ -61,9 +61,8 @@ def floor_stage(name: str, setting: Setting, min_keep: int, log_floor, row_stati
     off = ~(s[cut] > 0)
     log_z, known = c.log_normaliser()
     if wants_entropy:
-      statistic = jnp.float32(jnp.nan) if ctx.row_statistic is None else ctx.row_statistic
-      h = jnp.where(c.covers_row, entropy(c.logits, log_z), statistic)
-      known = c.covers_row | (c.log_z_known & (ctx.row_statistic is not None))
+      h = jnp.where(c.covers_row, entropy(c.logits, log_z), ctx.row_statistic)
+      known = c.covers_row | (c.log_z_known & ~jnp.isnan(ctx.row_statistic))
       floor = log_floor(s, h)
     else:
       floor = log_floor(s, None)

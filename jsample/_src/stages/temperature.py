@@ -122,11 +122,11 @@ def temperature(t: float = 0.8, dynatemp_range: float = 0.0, dynatemp_exponent: 
     # t == 1 only shifts the row, so a known log-normaliser shifts with it; any
     # other fixed t takes the row statistic, which describes the row as the cut
     # gave it: that is this row where the log-normaliser is known. Greedy covers the row.
-    statistic = jnp.float32(jnp.nan) if ctx.row_statistic is None else ctx.row_statistic
+    statistic = ctx.row_statistic
     return c._replace(
       logits=jnp.where(t > 0, _scale(c.logits, best, t), _scale(greedy, best, t)),
       log_z=jnp.where(t == 1, c.log_z - jnp.where(best > -jnp.inf, best, 0.0), statistic),
-      log_z_known=c.log_z_known & ~dynamic & ((t == 1) | (ctx.row_statistic is not None)),
+      log_z_known=c.log_z_known & ~dynamic & ((t == 1) | ~jnp.isnan(statistic)),
       covers_row=c.covers_row | (t <= 0),
       decided=c.decided & (~dynamic | c.covers_row),
     )

@@ -62,9 +62,8 @@ def top_n_sigma(n: float = -1.0) -> Stage:
     n = s["top_n_sigma"]
     off = ~(n > 0)
     # All survivors are candidates when they cover the row; otherwise σ is the row's, known while the row is the cut's.
-    statistic = jnp.float32(jnp.nan) if ctx.row_statistic is None else ctx.row_statistic
-    sigma = jnp.where(c.covers_row, _spread(c.logits), statistic)
-    usable = c.covers_row | (c.log_z_known & (ctx.row_statistic is not None))
+    sigma = jnp.where(c.covers_row, _spread(c.logits), ctx.row_statistic)
+    usable = c.covers_row | (c.log_z_known & ~jnp.isnan(ctx.row_statistic))
     alive = c.logits > -jnp.inf
     kept = c.keep(c.logits >= jnp.max(c.logits) - n * sigma)
     # Tokens beyond the candidates rank below the last one: if it fell, so did they.

@@ -75,9 +75,8 @@ def typical(p: float = 1.0, min_keep: int = 0) -> Stage:
     alive = c.logits > -jnp.inf
     log_z, _ = c.log_normaliser()
     # All survivors are candidates when they cover the row; otherwise H is the row's, known while the row is the cut's.
-    statistic = jnp.float32(jnp.nan) if ctx.row_statistic is None else ctx.row_statistic
-    h = jnp.where(c.covers_row, entropy(c.logits, log_z), statistic)
-    usable = c.covers_row | (c.log_z_known & (ctx.row_statistic is not None))
+    h = jnp.where(c.covers_row, entropy(c.logits, log_z), ctx.row_statistic)
+    usable = c.covers_row | (c.log_z_known & ~jnp.isnan(ctx.row_statistic))
     centre = log_z - h  # the logit whose surprise is H
     score = jnp.where(alive, jnp.abs(c.logits - centre), jnp.inf)
     probs = jnp.where(alive, jnp.exp(c.logits - log_z), 0.0)
