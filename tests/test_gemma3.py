@@ -122,7 +122,7 @@ def test_next_tokens_agree_with_llama_cpp(loaded, reference):
 
 
 def test_greedy_continuations_agree_with_llama_cpp(loaded, reference):
-  gen = generate.Generator(loaded)
+  gen = generate._generator(loaded)  # the command's generator: its programs serve test_cli_batch_prints_every_row
   steps = list(gen.run([p["prompt"] for p in reference], max_tokens=16, temperature=0.0))
   ours = np.stack(steps, axis=1)  # [B, 16]; rows with different prompt lengths in one batch
   matches = [list(row[:8]) == p["greedy16"][:8] for row, p in zip(ours, reference, strict=True)]
@@ -187,11 +187,13 @@ def test_cli_streams_greedy_text(reference, capsys):
   assert "generation 5 tokens, 4 steps" in err and "tokens/s" in err and "% of a step" in err
 
 
-def test_cli_batch_prints_every_row(capsys):
-  assert generate.main(["Hello", "--max-tokens", "3", "--batch", "3", "--top-k", "5"]) == 0
+def test_cli_batch_prints_every_row(reference, capsys):
+  # The shapes of test_greedy_continuations_agree_with_llama_cpp (4 rows, a 14-token prompt): the same programs.
+  prompt = reference[1]["prompt"]
+  assert generate.main([prompt, "--max-tokens", "3", "--batch", "4", "--top-k", "5"]) == 0
   out, err = capsys.readouterr()
-  assert [line for line in out.splitlines() if line.startswith("---")] == [f"--- row {i} (seed {i})" for i in range(3)]
-  assert "generation 9 tokens" in err
+  assert [line for line in out.splitlines() if line.startswith("---")] == [f"--- row {i} (seed {i})" for i in range(4)]
+  assert "generation 12 tokens" in err
 
 
 def test_empty_prompt_generates_from_bos(loaded, capsys):
