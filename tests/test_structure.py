@@ -95,7 +95,8 @@ def test_vmap_of_pick_gives_the_batched_tokens_with_shared_and_per_row_arguments
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(0, 2, (6, 3000)), jnp.float32)
   allowed = jnp.asarray(rng.random((6, 3000)) < 0.5)
-  sampler = jsample.llama_cpp(strategy=strategy, top_k=0, top_p=[0.9, 1.0, 0.5, 0.99, 0.95, 0.7])
+  # Gemma's chain: the window and per-row settings are in its state; the batching rule is the same for every chain.
+  sampler = jsample.gemma(strategy=strategy, top_k=0, top_p=[0.9, 1.0, 0.5, 0.99, 0.95, 0.7], repeat_penalty=1.1)
   state = sampler.init(seed=np.arange(6), prompt=rng.integers(0, 3000, (6, 5)))
   pick = jax.jit(sampler.pick)  # one compiled program for both batched calls below
   batched = pick(x, state, allowed)
