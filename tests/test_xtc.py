@@ -80,13 +80,19 @@ def test_the_coin_is_the_rows_own():
     for budget in (2, 16):
       sampler = jsample.chain(jsample.xtc(0.5, 0.12), jsample.temperature(1.0), budget=budget, strategy=strategy)
       state = sampler.init(seed=seeds)
-      probs = np.asarray(jax.jit(sampler.probs)(jnp.asarray(xs), state))
-      tokens = np.asarray(jax.jit(sampler.pick)(jnp.asarray(xs), state)[0])
-      np.testing.assert_array_equal(tokens, jsample.testing.full_path_tokens(sampler, jnp.asarray(xs), state))
+      # One program for the distribution, the tokens and the full path's tokens: compiling is the test's time.
+      run = jax.jit(
+        lambda x, s, sampler=sampler: (
+          sampler.probs(x, s),
+          sampler.pick(x, s)[0],
+          jsample.testing.full_path_tokens(sampler, x, s),
+        )
+      )
+      probs, tokens, full = (np.asarray(a) for a in run(jnp.asarray(xs), state))
+      np.testing.assert_array_equal(tokens, full)
       outcomes[strategy, budget] = acted(sampler, probs), tokens
       # reversed and alone: the same coin and token for the same seed
-      back = sampler.init(seed=seeds[::-1])
-      rev = np.asarray(jax.jit(sampler.pick)(jnp.asarray(xs), back)[0])
+      rev = np.asarray(run(jnp.asarray(xs), sampler.init(seed=seeds[::-1]))[1])
       np.testing.assert_array_equal(rev[::-1], tokens)
       alone = jax.jit(sampler.probs)(jnp.asarray(ROW), sampler.init(seed=int(seeds[5])))
       assert acted(sampler, np.asarray(alone)[None])[0] == outcomes[strategy, budget][0][5]
