@@ -350,10 +350,14 @@ def test_a_stage_skipped_for_the_batch_leaves_each_rows_token_alone():
   bias[live, 0] = 5
   values = {k: [s.settings[k].default] * live + [v] for k, v in on.items()}
   mixed = s.init(seed=np.arange(live + 1), prompt=prompts, logit_bias_ids=bias, **values)
-  alone = jax.tree.map(lambda a: a[:live], mixed)
+  # The same rows with the last one's stages off too, so that every row is neutral: the same shapes, one program.
+  alone = s.configure(
+    mixed, logit_bias_ids=np.full_like(bias, -1), **{k: [s.settings[k].default] * (live + 1) for k in on}
+  )
   run = jax.jit(lambda x, state: (s.probs(x, state), s.pick_with_info(x, state)[0]))
   probs, drawn = run(jnp.asarray(x), mixed)
-  skipped_probs, skipped = run(jnp.asarray(x[:live]), alone)
+  skipped_probs, skipped = run(jnp.asarray(x), alone)
+  skipped_probs, skipped = skipped_probs[:live], jax.tree.map(lambda a: a[:live], skipped)
   np.testing.assert_array_equal(np.asarray(skipped.token), np.asarray(drawn.token)[:live])
   np.testing.assert_array_equal(np.asarray(skipped.logprob), np.asarray(drawn.logprob)[:live])
   np.testing.assert_array_equal(np.asarray(skipped_probs), np.asarray(probs)[:live])
