@@ -15,7 +15,9 @@ promises, against a float64 reference function of your own:
 
 It needs jax and numpy only, so a stage written outside the library can be
 checked in its own test suite. :func:`full_path_probs`, :func:`full_path_tokens` and
-:func:`settled_on_candidates` expose the two paths for tests of your own.
+:func:`settled_on_candidates` expose the two paths for tests of your own; called
+outside ``jit``, each compiles once per sampler and shapes, as the sampler's own
+methods do.
 """
 
 import math
@@ -48,7 +50,11 @@ def full_path_probs(sampler: Sampler, logits, state, mask=None, **inputs) -> jax
     >>> [round(float(p), 3) for p in probs[0]]
     [0.0, 0.625, 0.375]
   """
-  (raw, mask), rows, single, strategy = run.prepare(sampler, logits, state, dict(inputs, mask=mask))
+  return _compiled_outside_jit(_full_path_probs, sampler, logits, state, dict(inputs, mask=mask))
+
+
+def _full_path_probs(sampler: Sampler, logits, state, inputs: dict) -> jax.Array:
+  (raw, mask), rows, single, strategy = run.prepare(sampler, logits, state, inputs)
 
   def one(raw, mask, row):
     return draw.softmax(paths.full_path(sampler.stages, raw, mask, row, strategy))
@@ -67,7 +73,11 @@ def full_path_tokens(sampler: Sampler, logits, state, mask=None, **inputs) -> ja
     >>> bool(full_path_tokens(sampler, logits, state)[0] == sampler.pick(logits, state)[0][0])
     True
   """
-  (raw, mask), rows, single, strategy = run.prepare(sampler, logits, state, dict(inputs, mask=mask))
+  return _compiled_outside_jit(_full_path_tokens, sampler, logits, state, dict(inputs, mask=mask))
+
+
+def _full_path_tokens(sampler: Sampler, logits, state, inputs: dict) -> jax.Array:
+  (raw, mask), rows, single, strategy = run.prepare(sampler, logits, state, inputs)
 
   def one(raw, mask, row):
     final = paths.full_path(sampler.stages, raw, mask, row, strategy)
@@ -90,7 +100,12 @@ def candidate_path(sampler: Sampler, logits, state, mask=None, *, statistics: bo
     >>> drawn.token.tolist(), settled.tolist()
     ([1], [True])
   """
-  (raw, mask), rows, single, strategy = run.prepare(sampler, logits, state, dict(inputs, mask=mask))
+  inputs = dict(inputs, mask=mask)
+  return _compiled_outside_jit(_candidate_path, sampler, logits, state, inputs, statistics=statistics)
+
+
+def _candidate_path(sampler: Sampler, logits, state, inputs: dict, *, statistics: bool):
+  (raw, mask), rows, single, strategy = run.prepare(sampler, logits, state, inputs)
   path = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, strategy)
   cands, ok = path.settle() if statistics else path.first()
   drawn = jax.vmap(draw.on_candidates)(cands.logits, cands.ids, rows.step_bits)
@@ -108,9 +123,22 @@ def settled_on_candidates(sampler: Sampler, logits, state, mask=None, **inputs) 
     >>> settled_on_candidates(sampler, jnp.stack([flat, peaked]), sampler.init(seed=[0, 1])).tolist()
     [False, True]
   """
-  (raw, mask), rows, single, strategy = run.prepare(sampler, logits, state, dict(inputs, mask=mask))
+  return _compiled_outside_jit(_settled_on_candidates, sampler, logits, state, dict(inputs, mask=mask))
+
+
+def _settled_on_candidates(sampler: Sampler, logits, state, inputs: dict) -> jax.Array:
+  (raw, mask), rows, single, strategy = run.prepare(sampler, logits, state, inputs)
   _, ok = paths.candidates(sampler.stages, sampler.budget, raw, mask, rows, strategy).settle()
   return ok[0] if single else ok
+
+
+def _compiled_outside_jit(function, sampler: Sampler, logits, state, inputs: dict, **static):
+  """``function(sampler, logits, state, inputs, **static)``; called on concrete arrays, compiled once per
+  sampler, function and shapes, as the sampler's own methods are: run op by op, a call of llama_cpp()'s chain
+  takes seconds, each of its conditionals compiled afresh."""
+  if run.outside_jit(sampler, (logits, state, inputs)):
+    return run.compiled_call(sampler, function, logits, state, inputs, **static)
+  return function(sampler, logits, state, inputs, **static)
 
 
 def reference_probs(reference: Reference, x: np.ndarray, settings: dict, window: list[int]) -> np.ndarray:

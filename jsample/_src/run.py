@@ -29,13 +29,18 @@ def one_row_or_batch(sampler, method, logits, state: SamplerState, inputs: dict,
   sampler, method and shapes (:func:`compiled`) rather than run op by op.
   """
   if outside_jit(sampler, (logits, state, inputs)):
-    logits = jnp.asarray(logits)
-    inputs = {name: None if value is None else jnp.asarray(value) for name, value in inputs.items()}
-    validation.logits(logits, sampler.vocab_size)
-    # The one check of values that a traced call skips: the window's ids.
-    validation.tokens("state.window", state.window, logits.shape[-1], lowest=-1)
-    return compiled(sampler, _one_row_or_batch, method, **static)(logits, state, inputs)
+    return compiled_call(sampler, _one_row_or_batch, logits, state, inputs, method, **static)
   return _one_row_or_batch(sampler, method, logits, state, inputs, **static)
+
+
+def compiled_call(sampler, function, logits, state: SamplerState, inputs: dict, *static_args, **static):
+  """``function(sampler, *static_args, logits, state, inputs, **static)`` on concrete arrays, compiled
+  (:func:`compiled`), after the one check of values that a traced call skips: the window's ids."""
+  logits = jnp.asarray(logits)
+  inputs = {name: None if value is None else jnp.asarray(value) for name, value in inputs.items()}
+  validation.logits(logits, sampler.vocab_size)
+  validation.tokens("state.window", state.window, logits.shape[-1], lowest=-1)
+  return compiled(sampler, function, *static_args, **static)(logits, state, inputs)
 
 
 def _one_row_or_batch(sampler, method, logits, state: SamplerState, inputs: dict, **static):
