@@ -208,7 +208,7 @@ class Sampler:
 
     Examples:
       >>> import jax, jax.numpy as jnp, jsample
-      >>> sampler = jsample.llama_cpp()
+      >>> sampler = jsample.gemma()
       >>> state = sampler.fork(sampler.init(seed=[1, 2]), n=3)
       >>> state.position.shape
       (6,)
@@ -264,7 +264,7 @@ class Sampler:
 
     Examples:
       >>> import jax, jax.numpy as jnp, jsample
-      >>> sampler = jsample.llama_cpp()
+      >>> sampler = jsample.gemma()
       >>> state = sampler.init(seed=7, prompt=[2, 10, 11], temperature=0.8)
       >>> token, state = jax.jit(sampler.pick)(jnp.zeros(32), state)
       >>> int(state.position)
@@ -292,11 +292,11 @@ class Sampler:
 
     Examples:
       >>> import jax.numpy as jnp, jsample
-      >>> sampler = jsample.llama_cpp()
+      >>> sampler = jsample.gemma()
       >>> drawn, state = sampler.pick_with_info(jnp.full(8, -jnp.inf), sampler.init(seed=0))
       >>> bool(drawn.valid), int(drawn.token)  # nothing survives: flagged, in range
       (False, 0)
-      >>> sampler = jsample.llama_cpp(temperature=0.0)
+      >>> sampler = jsample.gemma(temperature=0.0)
       >>> drawn, _ = sampler.pick_with_info(jnp.log(jnp.array([0.2, 0.5, 0.3])), state, top_logprobs=2)
       >>> int(drawn.raw.rank), drawn.raw.top_ids.tolist(), round(float(drawn.raw.logprob), 3)
       (1, [1, 2], -0.693)
@@ -359,7 +359,7 @@ class Sampler:
 
     Examples:
       >>> import jax.numpy as jnp, jsample
-      >>> sampler = jsample.llama_cpp(temperature=0.0)  # greedy: the draft is kept while it is the argmax
+      >>> sampler = jsample.gemma(temperature=0.0)  # greedy: the draft is kept while it is the argmax
       >>> logits = jnp.log(jnp.array([[0.1, 0.6, 0.3], [0.5, 0.2, 0.3], [0.2, 0.2, 0.6]]))  # [L + 1, V]
       >>> tokens, accepted, state = sampler.verify(jnp.array([1, 2]), None, logits, sampler.init(seed=0))
       >>> tokens.tolist(), int(accepted), int(state.position)
