@@ -403,4 +403,7 @@ class Sampler:
       [0.625, 0.375]
     """
     validation.state_last("explain(logits, state)", logits, state)
-    return explain.views(self, logits, state, dict(inputs, mask=mask), top)
+    inputs = dict(inputs, mask=mask)
+    if run.outside_jit(self, (logits, state, inputs)):  # compiled once, as pick is: op by op it takes seconds
+      return run.compiled_call(self, explain.views, logits, state, inputs, top=top)
+    return explain.views(self, logits, state, inputs, top)
