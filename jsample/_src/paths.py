@@ -79,6 +79,22 @@ def candidates(stages: tuple[Stage, ...], budget: int, raw: jax.Array, mask, row
   )
 
 
+class RowEdit(NamedTuple):
+  """A row after the stages before the cut, as an edit of the cleaned row: ``logits`` at ``ids`` (id ``V``:
+  none), and every other id as cleaned, or ``-inf`` where ``rest_removed`` (a stage removed every id it did
+  not touch: allowed ids). Those stages change only the ids they touch, and the cut computed every one.
+
+  Attributes:
+    ids: ``[n]`` the cut's raw best and the touched ids, each once.
+    logits: ``[n]`` their logits after those stages.
+    rest_removed: ``[]`` bool.
+  """
+
+  ids: jax.Array
+  logits: jax.Array
+  rest_removed: jax.Array
+
+
 class CandidatePath(NamedTuple):
   """The chain on each row's candidates after the cut, run at what is known of the rest of the row.
 
@@ -92,12 +108,17 @@ class CandidatePath(NamedTuple):
     log_normalisers: ``() -> [B]``, each cleaned row's ``log Σ exp``.
     statistic: ``() -> [B]``, the row statistic (:func:`row_statistic`), or None where the chain has none or
       none can be had.
+    size: ``B``.
+    edit: the rows after the stages before the cut (:class:`RowEdit`, batched), which the full path starts
+      from instead of running those stages over ``V`` again; None where the cut does not have them all (no
+      such stage, or the CPU cut, which may leave out ids that are only lowered).
   """
 
   run: Callable[[jax.Array, jax.Array, jax.Array], tuple[Candidates, jax.Array]]
   log_normalisers: Callable[[], jax.Array]
   statistic: Callable[[], jax.Array] | None
   size: int
+  edit: RowEdit | None = None
 
   def first(self) -> tuple[Candidates, jax.Array]:
     """The run that knows nothing beyond the candidates: no pass over ``V``."""
@@ -162,7 +183,8 @@ def from_best(
   top = logits[:, 0]
   touchers = tuple(stage for stage in stages if stage.touches is not None)
   extra = min(touched.shape[1], budget)
-  cut_rows = jax.vmap(functools.partial(_cut_row, touchers, budget, extra, vocab, strategy, read))
+  cut_and_edit = jax.vmap(functools.partial(_cut_row, touchers, budget, extra, vocab, strategy, read))
+  cut_rows = lambda *args: cut_and_edit(*args)[0]  # noqa: E731
   if touchers and not strategy.branch_free and all(stage.lowers is not None for stage in touchers):
     # Where every row only lowers, the raw best alone are exact: skip reading the touched ids.
     narrow = jnp.all(_lowers(touchers, rows, vocab, strategy))
@@ -178,7 +200,9 @@ def from_best(
   # The stages before the cut run once, as if the log-normaliser were known: they only clear log_z_known
   # (Stage.touches), so each run puts in what it knows.
   known = jnp.ones(top.shape, bool)
-  cut_once = cut_rows(a, b, logits, ids, touched, rows, jnp.zeros(top.shape, jnp.float32), known)
+  args = (a, b, logits, ids, touched, rows, jnp.zeros(top.shape, jnp.float32), known)
+  # The accelerator's cut holds every touched id (no shortcut above), so its full path can start from the edit.
+  cut_once, edit = cut_and_edit(*args) if strategy.branch_free else (cut_rows(*args), None)
 
   def run(log_z, log_z_known, statistic) -> tuple[Candidates, jax.Array]:
     c = cut_once._replace(log_z=log_z, log_z_known=cut_once.log_z_known & log_z_known)
@@ -186,7 +210,7 @@ def from_best(
     return c, c.decided & c.covers_row
 
   has_statistic = statistic is not None and statistic_stage(stages) is not None
-  return CandidatePath(run, log_normalisers, statistic if has_statistic else None, top.shape[0])
+  return CandidatePath(run, log_normalisers, statistic if has_statistic else None, top.shape[0], edit)
 
 
 def _read_row(raw: jax.Array, mask, ids: jax.Array) -> jax.Array:
@@ -332,7 +356,7 @@ def _cut_row(
   whole = (wide == vocab) | (logits[-1] == -jnp.inf)  # nothing survives beyond the cut
   c = Candidates(ids, logits, log_z, known, whole, jnp.bool_(True))
   if not touchers:
-    return c
+    return c, None
   # The raw best and the touched ids in one list in id order, each id once
   # (repeats stay empty: id V). A key of id and origin makes it a sort of one
   # operand: on a CPU a sort that carries a second array is several times slower.
@@ -345,6 +369,7 @@ def _cut_row(
   c = c._replace(ids=merged, logits=before)
   for stage in touchers:
     c = stage.on_candidates(c, row.settings, context(stage, row, vocab, strategy))
+  edit = RowEdit(c.ids, c.logits, c.covers_row)
   changed = jnp.sum(((keys & 1) == 0) & (c.logits != before))  # among the raw best
   # top_k keeps ties in list order, which is id order: sampling order without a sort.
   kept = min(budget, wide)  # beyond a whole row's V there are only empties
@@ -355,12 +380,13 @@ def _cut_row(
   last = jnp.min(best)
   # Covers the row: no token beyond the kept ones survives. Those beyond the list
   # hold none when the row was whole or a stage removed every untouched token.
-  return c._replace(
+  kept_row = c._replace(
     ids=kept_ids,
     logits=best,
     covers_row=c.covers_row & ((whole & (kept == wide)) | (last == -jnp.inf)),
     decided=c.decided & (c.covers_row | (changed <= extra) | _ahead(last, kept_ids[-1], logits[-1], ids[-1])),
   )
+  return kept_row, edit
 
 
 def _ahead(logit, token, last, last_id) -> jax.Array:
@@ -382,9 +408,20 @@ def _chain_row(stages, vocab: int, strategy: Strategy, skip, c: Candidates, row:
   return c
 
 
-def full_path(stages: tuple[Stage, ...], raw: jax.Array, mask, row: RowInputs, strategy: Strategy) -> jax.Array:
-  """The full-vocabulary path for one row: every stage on ``[V]``, no sort."""
-  return on_row(stages, cut.clean_row(raw, mask, branch_free=strategy.branch_free), row, strategy)
+def full_path(
+  stages: tuple[Stage, ...], raw: jax.Array, mask, row: RowInputs, strategy: Strategy, edit: RowEdit | None = None
+) -> jax.Array:
+  """The full-vocabulary path for one row: every stage on ``[V]``, no sort.
+
+  With the cut's ``edit`` (:attr:`CandidatePath.edit`), the stages before the cut are not run again: their
+  result is the cleaned row with the edit written in, one scatter of ``n`` values instead of their passes.
+  """
+  cleaned = cut.clean_row(raw, mask, branch_free=strategy.branch_free)
+  if edit is None:
+    return on_row(stages, cleaned, row, strategy)
+  rest = jnp.where(edit.rest_removed, -jnp.inf, cleaned)
+  edited = rest.at[edit.ids].set(edit.logits, mode="drop")
+  return on_row(tuple(stage for stage in stages if stage.touches is None), edited, row, strategy)
 
 
 def on_row(stages: tuple[Stage, ...], cleaned: jax.Array, row: RowInputs, strategy: Strategy) -> jax.Array:

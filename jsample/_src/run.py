@@ -98,8 +98,8 @@ def draws(
   def fast(cands):
     return jax.vmap(draw.on_candidates)(cands.logits, cands.ids, rows.step_bits)
 
-  def slow(raw, mask, row):
-    final = paths.full_path(sampler.stages, raw, mask, row, strategy)
+  def slow(raw, mask, row, edit):
+    final = paths.full_path(sampler.stages, raw, mask, row, strategy, edit)
     return draw.on_row(final, row.step_bits, strategy.race_row, logprob=needs_logprob)
 
   batch = raw.shape[0]
@@ -126,8 +126,8 @@ def probs(sampler, logits, state: SamplerState, inputs: dict) -> jax.Array:
       cands.logits, cands.ids
     )
 
-  def slow(raw, mask, row):
-    return draw.softmax(paths.full_path(sampler.stages, raw, mask, row, strategy))
+  def slow(raw, mask, row, edit):
+    return draw.softmax(paths.full_path(sampler.stages, raw, mask, row, strategy, edit))
 
   out = route(sampler, raw, mask, rows, strategy, spread, slow, jnp.zeros(raw.shape, jnp.float32))
   return out[0] if single else out

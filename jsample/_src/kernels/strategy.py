@@ -37,8 +37,8 @@ class Strategy(NamedTuple):
     fallback: ``(path, slow, blank, *rows) -> (candidates, settled [B], full)``: each row's candidates from
       ``path`` (a :class:`~jsample._src.paths.CandidatePath`: its first run, or on the CPU each level of
       knowledge it needs, ``path.settle()``); ``settled`` where they decide the row; ``full`` holds
-      ``slow(*row)``, the full-vocabulary path, where not settled, and ``blank`` (batched, the shape of
-      ``slow``'s output) elsewhere. Pytrees batched over ``B``.
+      ``slow(*row, edit)``, the full-vocabulary path (``edit``: the row's ``path.edit``, or None), where not
+      settled, and ``blank`` (batched, the shape of ``slow``'s output) elsewhere. Pytrees batched over ``B``.
     race_row: ``(logits [V], step_bits [2]) -> (token, valid)`` over a whole row.
   """
 
@@ -68,7 +68,7 @@ def _step_by_step(path, slow, blank, *rows):
 
   def one(i):
     empty = jax.tree.map(lambda a: a[i], blank)
-    return lax.cond(ok[i], lambda: empty, lambda: slow(*jax.tree.map(lambda a: a[i], rows)))
+    return lax.cond(ok[i], lambda: empty, lambda: slow(*jax.tree.map(lambda a: a[i], rows), None))
 
   # The loop carries the logits, which XLA copies in first: skip it when it has nothing to do.
   return cands, ok, lax.cond(jnp.all(ok), lambda: blank, lambda: lax.map(one, jnp.arange(ok.shape[0])))
@@ -84,7 +84,7 @@ def _all_at_once(path, slow, blank, *rows):
   first, ok = path.first()
   if not ok.shape[0]:
     return first, ok, blank
-  return lax.cond(jnp.all(ok), lambda: (first, ok, blank), lambda: (first, ok, jax.vmap(slow)(*rows)))
+  return lax.cond(jnp.all(ok), lambda: (first, ok, blank), lambda: (first, ok, jax.vmap(slow)(*rows, path.edit)))
 
 
 def _race_all(logits: jax.Array, step_bits: jax.Array) -> tuple[jax.Array, jax.Array]:
