@@ -49,12 +49,14 @@ STAGES: dict[str, tuple[Callable[..., Stage], dict[str, str]]] = {
   "min_p": (min_p_stage, {}),
   "xtc": (xtc, {}),
   "temperature": (temperature_stage, {}),
+  "fixed_temperature": (lambda: temperature_stage(dynamic=False), {}),
   "mirostat": (mirostat, {}),
   "epsilon": (epsilon, {}),
   "eta": (eta, {}),
 }
 """The stages a recipe's order can name: by name, the stage's factory and the recipe keywords that set its static
-sizes (keyword -> the factory's argument). ``openai_penalties`` is :func:`penalties` with OpenAI's scope."""
+sizes (keyword -> the factory's argument). ``openai_penalties`` is :func:`penalties` with OpenAI's scope;
+``fixed_temperature`` is :func:`temperature` without dynamic temperature, which only llama.cpp has."""
 
 _SIZES = ("window_size", "budget", "vocab_size", "strategy")
 
@@ -170,14 +172,14 @@ LLAMA_CPP_ORDER = (
 )
 """llama-server's default chain (``common_sampler_init``), with mirostat last: see :func:`llama_cpp`."""
 
-GEMMA_ORDER = ("penalties", "top_k", "top_p", "min_p", "temperature")
+GEMMA_ORDER = ("penalties", "top_k", "top_p", "min_p", "fixed_temperature")
 VLLM_ORDER = (
   "allowed_tokens",
   "banned_tokens",
   "min_tokens",
   "logit_bias",
   "openai_penalties",
-  "temperature",
+  "fixed_temperature",
   "min_p",
   "top_k",
   "top_p",
@@ -189,7 +191,7 @@ HF_ORDER = (
   "penalties",
   "banned_tokens",
   "min_tokens",
-  "temperature",
+  "fixed_temperature",
   "top_k",
   "top_p",
   "min_p",

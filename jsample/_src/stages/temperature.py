@@ -26,7 +26,9 @@ def _dynamic(logits: jax.Array, s: Settings) -> jax.Array:
   return jnp.where(count > 1, low + (high - low) * jnp.power(h, s["dynatemp_exponent"]), t)
 
 
-def temperature(t: float = 0.8, dynatemp_range: float = 0.0, dynatemp_exponent: float = 1.0) -> Stage:
+def temperature(
+  t: float = 0.8, dynatemp_range: float = 0.0, dynatemp_exponent: float = 1.0, *, dynamic: bool = True
+) -> Stage:
   """Divides the surviving logits by ``t`` (``<= 0``: greedy), or by a ``t`` that follows the row's entropy.
 
   Greedy keeps only the best survivor, ties to the lower id: with the
@@ -46,12 +48,18 @@ def temperature(t: float = 0.8, dynatemp_range: float = 0.0, dynatemp_exponent: 
   ``N`` counts the survivors (as the KoboldCpp original does), and its sums
   are trees. It needs the entropy of
   every survivor, so on candidates a row decides only when they cover the row
-  (after top-k, say); ``r = 0`` costs nothing.
+  (after top-k, say). ``r = 0`` draws no differently, but the program still
+  holds the entropy's arithmetic on both paths (about 250 of the 3,600 HLO
+  instructions of Gemma's chain): ``dynamic=False`` leaves it out, and the
+  two dynatemp settings with it, as llama.cpp's plain ``temp`` sampler.
 
   Args:
     t: ``temperature``, any finite number; ``<= 0`` means greedy.
     dynatemp_range: ``dynatemp_range``, any finite number; ``<= 0`` is off.
     dynatemp_exponent: ``dynatemp_exponent``, any finite number.
+    dynamic: whether the stage has dynamic temperature and its two settings
+      (static). The recipes of engines without it (:func:`gemma`, :func:`vllm`,
+      :func:`hf`) leave it out.
 
   Returns:
     A :class:`Stage`.
@@ -67,6 +75,8 @@ def temperature(t: float = 0.8, dynatemp_range: float = 0.0, dynatemp_exponent: 
     >>> p = sampler.probs(logits, sampler.init(seed=0))  # H / log 3 = 0.73, so the temperature is 1.23
     >>> [round(float(v), 3) for v in p]
     [0.638, 0.23, 0.131]
+    >>> [setting.name for setting in jsample.temperature(dynamic=False).settings]
+    ['temperature']
 
   References:
     kalomaze, 2024, "Dynamic Temperature" (KoboldCpp,
@@ -74,6 +84,10 @@ def temperature(t: float = 0.8, dynatemp_range: float = 0.0, dynatemp_exponent: 
     entropy by that of the tokens not at ``-inf``; llama.cpp's port,
     https://github.com/ggml-org/llama.cpp/pull/4972.
   """
+  if not dynamic and (dynatemp_range != 0.0 or dynatemp_exponent != 1.0):
+    raise ValueError(
+      f"dynatemp_range, dynatemp_exponent: need dynamic=True; got {dynatemp_range!r}, {dynatemp_exponent!r}"
+    )
   settings = (
     Setting(
       "temperature",
@@ -102,19 +116,22 @@ def temperature(t: float = 0.8, dynatemp_range: float = 0.0, dynatemp_exponent: 
       1.0,
       "dynamic temperature: the exponent on the row's normalised entropy",
     ),
-  )
+  )[: 3 if dynamic else 1]
+
+  def is_dynamic(s: Settings) -> jax.Array:
+    return s["dynatemp_range"] > 0 if dynamic else jnp.bool_(False)
 
   def row_statistic(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
     t = s["temperature"]
     # Only a fixed 0 < t != 1 needs it (t == 1 shifts a known normaliser; greedy covers the row;
     # a dynamic t needs candidates that cover the row): skip the pass otherwise.
-    needed = (t > 0) & (t != 1) & ~(s["dynatemp_range"] > 0)
+    needed = (t > 0) & (t != 1) & ~is_dynamic(s)
     return lax.cond(needed, lambda: logsumexp(_scale(logits, jnp.max(logits), t)), lambda: jnp.float32(0))
 
   def on_candidates(c: Candidates, s: Settings, ctx: Context) -> Candidates:
-    dynamic = s["dynatemp_range"] > 0
+    on = is_dynamic(s)
     # A dynamic t reads every survivor: right where the candidates cover the row, else the row is not decided.
-    t = jnp.where(dynamic, _dynamic(c.logits, s), s["temperature"])
+    t = jnp.where(on, _dynamic(c.logits, s), s["temperature"]) if dynamic else s["temperature"]
     best = jnp.max(c.logits)
     alive = c.logits > -jnp.inf
     first = jnp.argmax(alive)  # sampling order: the first survivor is the best
@@ -126,13 +143,14 @@ def temperature(t: float = 0.8, dynatemp_range: float = 0.0, dynatemp_exponent: 
     return c._replace(
       logits=jnp.where(t > 0, _scale(c.logits, best, t), _scale(greedy, best, t)),
       log_z=jnp.where(t == 1, c.log_z - jnp.where(best > -jnp.inf, best, 0.0), statistic),
-      log_z_known=c.log_z_known & ~dynamic & ((t == 1) | ~jnp.isnan(statistic)),
+      log_z_known=c.log_z_known & ~on & ((t == 1) | ~jnp.isnan(statistic)),
       covers_row=c.covers_row | (t <= 0),
-      decided=c.decided & (~dynamic | c.covers_row),
+      decided=c.decided & (~on | c.covers_row),
     )
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
-    t = lax.cond(s["dynatemp_range"] > 0, lambda: _dynamic(logits, s), lambda: s["temperature"])
+    fixed = s["temperature"]
+    t = lax.cond(is_dynamic(s), lambda: _dynamic(logits, s), lambda: fixed) if dynamic else fixed
     best = jnp.max(logits)
 
     def greedy():
@@ -148,6 +166,6 @@ def temperature(t: float = 0.8, dynatemp_range: float = 0.0, dynatemp_exponent: 
     on_row,
     row_statistic=row_statistic,
     # A dynamic t is max(0, t - r) + ... > 0 unless the entropy is 0: t <= 0 is greedy only without it.
-    only_best=lambda s: (s["temperature"] <= 0) & ~(s["dynatemp_range"] > 0),
+    only_best=lambda s: (s["temperature"] <= 0) & ~is_dynamic(s),
     argmax_invariant=lambda s: jnp.bool_(True),
   )
