@@ -73,8 +73,8 @@ def top_k(k: int = 40) -> Stage:
 
 
 def _cut_row(logits: jax.Array, on: jax.Array, least: jax.Array, keep, ctx: Context) -> jax.Array:
-  """A cut of a full row: ``logits`` where not ``on``, else the tokens ``keep()`` marks with the ``least`` best
-  restored (``min_keep``).
+  """A threshold's cut of a full row: ``logits`` where not ``on``, else the tokens ``keep()`` marks with the
+  ``least`` best restored (``min_keep``).
 
   The search for the ``least`` best costs passes over the row, so rows with ``least <= 1`` skip it: a cut that
   keeps the best token already keeps one. Only the mask comes out of that ``lax.cond``, never the row: on XLA's
@@ -146,8 +146,13 @@ def top_p(p: float = 0.95, min_keep: int = 0) -> Stage:
 
   def on_row(logits: jax.Array, s: Settings, ctx: Context) -> jax.Array:
     p = s["top_p"]
-    keep = lambda: shortest_prefix(logits, jnp.exp(logits - logsumexp(logits)), p)  # noqa: E731
-    return _cut_row(logits, p < 1, s["min_keep"], keep, ctx)
+
+    def cut():
+      probs = jnp.exp(logits - logsumexp(logits))
+      keep = shortest_prefix(logits, probs, p, s["min_keep"], branch_free=ctx.branch_free)
+      return jnp.where(keep, logits, -jnp.inf)
+
+    return lax.cond(p < 1, cut, lambda: logits)
 
   return Stage("top_p", (setting, min_keep_setting(min_keep)), on_candidates, on_row, argmax_invariant=_always)
 

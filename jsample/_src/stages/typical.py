@@ -106,9 +106,8 @@ def typical(p: float = 1.0, min_keep: int = 0) -> Stage:
       # The search keeps a prefix in descending key order, ties to the lower id: -score ranks the most typical first.
       key = jnp.where(alive, -jnp.abs(logits - centre), -jnp.inf)
       # Mass strictly above p: a float sum exceeds p exactly when it reaches the next float.
-      keep = shortest_prefix(key, jnp.exp(logits - log_z), jnp.nextafter(p, jnp.float32(2)))
-      count = alive.astype(jnp.int32)
-      keep |= lax.cond(least > 1, lambda: shortest_prefix(key, count, least), lambda: jnp.zeros_like(alive))
+      above = jnp.nextafter(p, jnp.float32(2))
+      keep = shortest_prefix(key, jnp.exp(logits - log_z), above, least, branch_free=ctx.branch_free)
       return jnp.where(keep & alive, logits, -jnp.inf)
 
     return lax.cond(p < 1, cut, lambda: logits)
