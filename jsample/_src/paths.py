@@ -374,7 +374,7 @@ def _cut_row(
   # top_k keeps ties in list order, which is id order: sampling order without a sort.
   kept = min(budget, wide)  # beyond a whole row's V there are only empties
   best, where = jax.lax.top_k(c.logits, kept)
-  kept_ids = jnp.take(c.ids, where)
+  kept_ids = jnp.take(c.ids, where, mode="clip")  # in bounds: clamping costs no check
   # The last kept logit as the minimum, not best[-1]: slicing top_k's values makes XLA's CPU backend
   # trade its TopK kernel for a full sort (over twice as slow).
   last = jnp.min(best)

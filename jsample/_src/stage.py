@@ -127,6 +127,14 @@ class Context(NamedTuple):
     """``[width]`` int32 token ids of a row of that width."""
     return self.offset + jnp.arange(width, dtype=jnp.int32)
 
+  def ages(self) -> jax.Array:
+    """``[W]`` int32: how many tokens before the last one each window slot's token came (0: the last one);
+    read the other way, the slot of the token of each age ``0 .. W - 1``."""
+    (width,) = self.window.shape
+    back = self.position - 1 - jnp.arange(width, dtype=jnp.int32)
+    # A power-of-two width (the default 64) wraps with a mask: fewer operations than a signed remainder.
+    return back & (width - 1) if width & (width - 1) == 0 else jnp.mod(back, max(width, 1))
+
   def uniform(self, salt: int) -> jax.Array:
     """A uniform in ``[0, 1)`` from the row's own stream, one per ``salt`` and step.
 

@@ -56,7 +56,7 @@ def clean_row(raw: jax.Array, mask: jax.Array | None, *, branch_free: bool = Fal
 def at(raw: jax.Array, ids: jax.Array, mask: jax.Array | None) -> jax.Array:
   """The cleaned logits of one row ``[V]`` at token ``ids [N]``; ids outside ``[0, V)`` read ``-inf``."""
   inside = (ids >= 0) & (ids < raw.shape[0])
-  values = jnp.take(raw, jnp.clip(ids, 0, raw.shape[0] - 1))
+  values = jnp.take(raw, ids, mode="clip")  # clamped: outside reads -inf below
   return jnp.where(inside, clean(values, ids, mask), -jnp.inf)
 
 
@@ -105,13 +105,15 @@ def top_candidates(
   _, best = lax.top_k(maxima, n)
   best = jnp.sort(best, axis=-1)  # id order, so that top_k's ties favour lower ids
   width = n * CHUNK  # not -1: a reshape cannot infer it when there are 0 rows
-  gathered = jnp.take_along_axis(padded, best[:, :, None], axis=1).reshape(batch, width)
+  # Indices from top_k are in bounds: promising so spares the gathers their bounds checks.
+  gathered = jnp.take_along_axis(padded, best[:, :, None], axis=1, mode="promise_in_bounds").reshape(batch, width)
   where_ids = (best[:, :, None] * CHUNK + jnp.arange(CHUNK, dtype=jnp.int32)[None, None, :]).reshape(batch, width)
   values = jax.vmap(clean)(gathered, where_ids, mask)
   logits, where = lax.top_k(values, n)
   # Without the barrier XLA fuses the selection into its consumers and redoes
   # it per use: five times slower on CPU.
-  return lax.optimization_barrier((logits, jnp.take_along_axis(where_ids, where, axis=1)))
+  ids = jnp.take_along_axis(where_ids, where, axis=1, mode="promise_in_bounds")
+  return lax.optimization_barrier((logits, ids))
 
 
 def log_normalisers(raw: jax.Array, mask: jax.Array | None, top: jax.Array, *, branch_free: bool = False) -> jax.Array:

@@ -22,6 +22,7 @@ _GOLDEN = 0x9E3779B9
 _TOKEN_SALT = np.array([0xA5A5A5A5, 0x3C3C3C3C], np.uint32)
 
 GROUP = 32  # ids per noise group: 0..31, 32..63, ...
+_GROUP_BITS = GROUP.bit_length() - 1
 
 
 def _mix(x: jax.Array) -> jax.Array:
@@ -96,9 +97,10 @@ def gumbel(step_bits: jax.Array, ids: jax.Array) -> jax.Array:
   for small ``u``, so the upper tail (what lets an unlikely token win) is
   honest down to probabilities near 2^-56.
   """
-  top, leader = _group(step_bits, ids // GROUP)
+  # Ids are never negative: a shift and a mask are the floor division and the remainder, in fewer operations.
+  top, leader = _group(step_bits, ids >> _GROUP_BITS)
   rest = -jnp.log(jnp.exp(-top) + _exponential(*_bits(step_bits ^ _TOKEN_SALT, ids)))
-  return jnp.where(ids % GROUP == leader, top, rest)
+  return jnp.where((ids & (GROUP - 1)) == leader, top, rest)
 
 
 def _exponential(hi: jax.Array, lo: jax.Array) -> jax.Array:
@@ -156,7 +158,7 @@ def race_row(logits: jax.Array, step_bits: jax.Array, groups_read: int = 128):
   padded = logits if groups * GROUP == vocab else jnp.pad(logits, (0, groups * GROUP - vocab), constant_values=-jnp.inf)
   padded = padded.reshape(groups, GROUP)
   top, leader = _group(step_bits, jnp.arange(groups, dtype=jnp.int32))
-  floor = jnp.max(jnp.take_along_axis(padded, leader[:, None], axis=1)[:, 0] + top)
+  floor = jnp.max(jnp.take_along_axis(padded, leader[:, None], axis=1, mode="promise_in_bounds")[:, 0] + top)
   contenders = jnp.max(padded, axis=1) + top >= floor
   (read,) = jnp.nonzero(contenders, size=groups_read, fill_value=0)  # repeats of group 0 change nothing
   read_ids = (read[:, None] * GROUP + jnp.arange(GROUP, dtype=jnp.int32)[None, :]).reshape(-1)

@@ -92,7 +92,7 @@ class _Repeats:
     last_n = jnp.where(last_n < 0, width, jnp.minimum(last_n, width))
     n = jnp.minimum(last_n, ctx.position)
     age = jnp.arange(width, dtype=jnp.int32)
-    token = ctx.window[jnp.mod(ctx.position - 1 - age, width)]
+    token = jnp.take(ctx.window, ctx.ages(), mode="clip")  # the token of each age
     # x[a] = rat(a); ages beyond view and empty slots get distinct negative ids, matching nothing.
     x = jnp.where((age < n) & (token >= 0), token, -2 - age)
     limit = _rep_limit(x, n, s["dry_sequence_breakers"])
@@ -359,7 +359,7 @@ def dry(
     (width,) = ctx.window.shape
     last_n = s["dry_penalty_last_n"]
     last_n = jnp.where(last_n < 0, width, jnp.minimum(last_n, width))
-    age = jnp.mod(ctx.position - 1 - jnp.arange(width, dtype=jnp.int32), width)
+    age = ctx.ages()
     on = (s["dry_multiplier"] != 0) & (s["dry_base"] >= 1) & (last_n != 0)
     # rat(k - 1) for k < N: every token in view but the oldest; none where DRY is off.
     return jnp.where(on & (age < jnp.minimum(last_n, ctx.position) - 1), ctx.window, -1)

@@ -41,6 +41,4 @@ def count(state: Generated, ctx: Context) -> jax.Array:
 
 def in_window(state: Generated, ctx: Context) -> jax.Array:
   """``[W]`` bool: the window slots that hold generated tokens (the last :func:`count` tokens)."""
-  (width,) = ctx.window.shape
-  age = jnp.mod(ctx.position - 1 - jnp.arange(width, dtype=jnp.int32), max(width, 1))
-  return age < count(state, ctx)
+  return ctx.ages() < count(state, ctx)

@@ -66,7 +66,7 @@ def _recent(s: Settings, ctx: Context) -> jax.Array:
   (width,) = ctx.window.shape
   last_n = s["penalty_last_n"]
   last_n = jnp.where(last_n < 0, width, jnp.minimum(last_n, width))
-  age = jnp.mod(ctx.position - 1 - jnp.arange(width, dtype=jnp.int32), width)
+  age = ctx.ages()
   return (age < jnp.minimum(last_n, ctx.position)) & (ctx.window >= 0)
 
 
