@@ -46,6 +46,12 @@ Settings = dict[str, jax.Array]
 """One row's setting values, by name (scalars ``[]`` or short vectors ``[N]``)."""
 
 
+def window_slot(position: jax.Array, width: int) -> jax.Array:
+  """The window slot of the token at ``position`` (any int, negative included): ``position % width``."""
+  # A power-of-two width (the default 64) wraps with a mask: fewer operations than a signed remainder.
+  return position & (width - 1) if width & (width - 1) == 0 else jnp.mod(position, max(width, 1))
+
+
 class Setting(NamedTuple):
   """A per-row setting that a stage reads from the sampler state.
 
@@ -131,9 +137,7 @@ class Context(NamedTuple):
     """``[W]`` int32: how many tokens before the last one each window slot's token came (0: the last one);
     read the other way, the slot of the token of each age ``0 .. W - 1``."""
     (width,) = self.window.shape
-    back = self.position - 1 - jnp.arange(width, dtype=jnp.int32)
-    # A power-of-two width (the default 64) wraps with a mask: fewer operations than a signed remainder.
-    return back & (width - 1) if width & (width - 1) == 0 else jnp.mod(back, max(width, 1))
+    return window_slot(self.position - 1 - jnp.arange(width, dtype=jnp.int32), width)
 
   def uniform(self, salt: int) -> jax.Array:
     """A uniform in ``[0, 1)`` from the row's own stream, one per ``salt`` and step.

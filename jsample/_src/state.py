@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jsample._src import validation
+from jsample._src.stage import window_slot
 
 
 class SamplerState(NamedTuple):
@@ -104,7 +105,7 @@ def append(window: jax.Array, position: jax.Array, token: jax.Array) -> tuple[ja
   """Appends one token to one row's ring buffer (no write pointer: slot ``position % W``)."""
   (width,) = window.shape
   if width:
-    window = window.at[jnp.mod(position, width)].set(token)
+    window = jax.lax.dynamic_update_index_in_dim(window, token.astype(window.dtype), window_slot(position, width), 0)
   return window, position + 1
 
 

@@ -84,7 +84,7 @@ def _all_at_once(path, slow, blank, *rows):
   first, ok = path.first()
   if not ok.shape[0]:
     return first, ok, blank
-  return lax.cond(jnp.all(ok), lambda: (first, ok, blank), lambda: (first, ok, jax.vmap(slow)(*rows, path.edit)))
+  return first, ok, lax.cond(jnp.all(ok), lambda: blank, lambda: jax.vmap(slow)(*rows, path.edit))
 
 
 def _race_all(logits: jax.Array, step_bits: jax.Array) -> tuple[jax.Array, jax.Array]:
