@@ -164,7 +164,7 @@ def mirostat(version: int = 0, tau: float = 5.0, eta: float = 0.1) -> Stage:
 
     def v1():
       alive = logits > -jnp.inf
-      best, _ = cut.top_candidates(logits[None], None, min(M, logits.shape[0]))
+      best, _ = cut.top_candidates(logits[None], None, min(M, logits.shape[0]), branch_free=ctx.branch_free)
       count = jnp.sum(alive)
       k = jnp.minimum(_zipf_k(best[0], count, mu, ctx.vocab), count.astype(jnp.float32))
       keep = shortest_prefix(logits, alive.astype(jnp.int32), k.astype(jnp.int32))
