@@ -18,6 +18,7 @@ import pytest
 
 import jsample
 import jsample.testing
+from bench.program import equations
 from tests.helpers import EACH_STRATEGY, assert_one_cond, primitives
 
 B, V = 64, 262144
@@ -47,6 +48,23 @@ def test_the_accelerator_program_has_no_host_loops_and_one_cond(name):
       assert all(v.aval.size <= B * sampler.budget for v in eqn.invars), eqn
     if eqn.primitive.name in {"sort", "cumsum", "reduce_sum"}:
       assert all(v.aval.size <= B * V // 8 for v in eqn.invars), eqn
+
+
+@pytest.mark.parametrize("recipe", [jsample.llama_cpp, jsample.vllm])
+def test_the_accelerator_full_path_does_not_run_the_stages_before_the_cut_again(recipe):
+  """The stages before the cut (penalties, logit bias, DRY, id lists) ran once, on the cut's ids: the full path
+  writes their logits into the cleaned row (one scatter over ``V``) instead of counting, biasing and matching
+  over ``V`` again (a scatter-add, a scatter-max and more scatters over ``V`` before)."""
+  sampler = recipe(strategy="accelerator")
+  vocab = 4096  # the structure does not depend on V
+  logits = jax.ShapeDtypeStruct((8, vocab), jnp.float32)
+  jaxpr = jax.make_jaxpr(sampler.pick)(logits, sampler.init(seed=np.arange(8))).jaxpr
+  over_row = [
+    eqn.primitive.name
+    for eqn in equations(jaxpr)
+    if eqn.primitive.name.startswith("scatter") and eqn.invars[0].aval.shape[-1] == vocab
+  ]
+  assert over_row == ["scatter"], over_row
 
 
 def test_the_cpu_program_keeps_its_loops():
