@@ -341,7 +341,8 @@ def _cut_row(
   log_z,
   known,
 ):
-  """The ``K`` best tokens of one row after the stages that act before the cut.
+  """The ``K`` best tokens of one row after the stages that act before the cut, and the row they make as a
+  :class:`RowEdit` (None without such stages).
 
   ``logits, ids`` are the row's ``K + m`` best raw tokens, ``m = min(E, K)``.
   Those stages change only their touched ids, so the ``K`` best of the changed
