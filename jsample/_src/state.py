@@ -82,7 +82,7 @@ def load(window: jax.Array, position: jax.Array, prompt: jax.Array) -> tuple[jax
   if width:
     # Only the last W tokens fit; they land on distinct slots.
     fits = present & (rank >= count - width)
-    slot = jnp.where(fits, jnp.mod(position + rank, width), width)
+    slot = jnp.where(fits, window_slot(position + rank, width), width)
     window = window.at[slot].set(prompt, mode="drop")
   return window, position + count
 
